@@ -1,0 +1,5 @@
+"""``python -m drainer``."""
+
+from drainer.cli import entrypoint
+
+entrypoint()

@@ -1,0 +1,293 @@
+"""The ``drainer`` command: parse, build settings, call the library, map errors to exit codes.
+
+Exit codes: 0 done (also when a limit stopped a drain), 1 anything else, 2 usage or
+configuration error, 3 database unreachable, 4 schema missing or out of date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from drainer._redact import redact
+from drainer.errors import (
+    EXIT_ERROR,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    ConfigError,
+    DrainerError,
+)
+
+if TYPE_CHECKING:
+    from drainer.settings import Settings
+
+logger = logging.getLogger("drainer.cli")
+
+#: Which settings scopes (see settings.py) each command takes as flags.
+_SCOPES: dict[str, tuple[str, ...]] = {
+    "migrate": ("db",),
+    "enqueue": ("db", "enqueue", "trigger"),
+    "status": ("db",),
+    "run-once": ("db", "run"),
+    "demo": ("db", "run"),
+    "schedule": ("db", "run", "wake", "trigger"),
+    "serve": ("db", "run", "trigger"),
+    "worker": ("db", "run", "wake"),
+    "audit": ("db", "wake"),
+    "jobs": ("db",),
+    "show": ("db",),
+    "retry": ("db",),
+    "cancel": ("db",),
+    "purge": ("db",),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {redact(message)} (see {self.prog} --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser, scopes: Sequence[str]) -> None:
+    from drainer.settings import Settings, env_of, flag_of
+
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    titles = {"db": "database and logging", "run": "drain", "enqueue": "enqueue",
+              "trigger": "trigger", "wake": "waking and the compute's idle timeout"}
+    for name, field in Settings.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        field_scopes = extra.get("scopes") or []
+        assert isinstance(field_scopes, list)
+        scope = next((s for s in field_scopes if s in scopes), None)
+        if scope is None:
+            continue
+        group = groups.get(scope)
+        if group is None:
+            group = groups[scope] = parser.add_argument_group(titles.get(scope, scope))
+        flag = flag_of(name)
+        default = field.default
+        shown = "" if default is None or name == "database_url" else f" [default: {default}]"
+        help_text = f"{field.description}{shown} (env {env_of(name)})"
+        if field.annotation is bool:
+            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+        elif name == "queues":
+            group.add_argument(flag, dest=name, action="append", default=argparse.SUPPRESS,
+                               metavar="QUEUE", help=help_text)
+        else:
+            group.add_argument(flag, dest=name, default=argparse.SUPPRESS,
+                               metavar=name.upper().replace("_NAME", ""), help=help_text)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from the flags given on the command line (others from env/pyproject)."""
+    from drainer.settings import Settings, load_settings
+
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    if "queues" in overrides:
+        overrides["queues"] = [q.strip() for v in overrides["queues"] for q in v.split(",")
+                               if q.strip()]
+    return load_settings(**overrides)
+
+
+def _setup_logging(settings: Settings) -> None:
+    from drainer.logs import setup_logging
+
+    setup_logging(settings.log_level, settings.log_format)
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.db import connect
+    from drainer.migrate import install_notify_trigger, migrate
+
+    with connect(settings) as conn:
+        result = migrate(conn, settings.schema_name, settings.table)
+        if args.notify_trigger:
+            install_notify_trigger(conn, settings.schema_name, settings.table)
+            result.notify_trigger = True
+    print_json(result.as_dict())
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.commands import enqueue_command
+
+    return enqueue_command(args, settings)
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.status import status_command
+
+    return status_command(args, settings)
+
+
+def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.drain import run_once
+    from drainer.progress import progress_printer
+
+    report = run_once(settings, handle_signals=True, progress=progress_printer())
+    print_json(report.as_dict())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.demo import demo_command
+
+    return demo_command(args, settings)
+
+
+def _lazy(target: str) -> Callable[[argparse.Namespace, Settings], int]:
+    """A command implemented in another module, imported only when it runs."""
+
+    def run(args: argparse.Namespace, settings: Settings) -> int:
+        module, _, func = target.partition(":")
+        try:
+            impl = getattr(importlib.import_module(module), func)
+        except (ImportError, AttributeError):
+            raise ConfigError(f"`drainer {args.command}` is not available in this "
+                              "version") from None
+        result: int = impl(args, settings)
+        return result
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="drainer",
+        description="Drain a PostgreSQL job table and exit, so a serverless database can "
+        "suspend. Every flag can also be set as a DRAINER_* variable or in [tool.drainer] "
+        "of pyproject.toml.",
+        epilog="Exit codes: 0 done (also when a limit stopped the drain), 1 other error, "
+        "2 usage or configuration, 3 database unreachable, 4 schema missing or out of date.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def add(name: str, help_text: str, func: Callable[[argparse.Namespace, Settings], int]
+            ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _add_settings_flags(p, _SCOPES[name])
+        p.set_defaults(func=func)
+        return p
+
+    p = add("migrate", "Create or upgrade the jobs table (idempotent; adopts the article's "
+            "table).", cmd_migrate)
+    p.add_argument("--notify-trigger", action="store_true",
+                   help="Also install the AFTER INSERT trigger that pg_notify('drainer', "
+                   "queue)s, for `drainer worker`.")
+
+    p = add("enqueue", "Enqueue one job (JSON argument) or many (JSON lines on stdin).",
+            cmd_enqueue)
+    p.add_argument("queue", metavar="QUEUE", help="Queue name.")
+    p.add_argument("payload", metavar="JSON", nargs="?",
+                   help="The job's payload as JSON. Omit it to read one payload per line "
+                   "from stdin (all or nothing).")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--delay", metavar="SECONDS", help="Run no sooner than this many "
+                      "seconds from now (also 30s, 15m, 2h, 1d).")
+    when.add_argument("--run-at", metavar="ISO", help="Run no sooner than this ISO 8601 "
+                      "time (with a time zone; UTC if none).")
+    p.add_argument("--priority", type=int, default=0, help="Higher runs first [default: 0].")
+    p.add_argument("--dedup-key", metavar="KEY", help="Skip the job when one with this key "
+                   "is already queued or running.")
+
+    p = add("status", "Counts by queue and status, oldest due job, expired leases, table "
+            "health.", cmd_status)
+    p.add_argument("--json", action="store_true", help="One JSON object on stdout.")
+
+    add("run-once", "Drain every due job once, run maintenance, print the run report, exit.",
+        cmd_run_once)
+
+    p = add("demo", "Run the whole flow on a throwaway embedded PostgreSQL (or "
+            "DRAINER_DATABASE_URL).", cmd_demo)
+    p.add_argument("--jobs", type=int, default=200, help="Sample jobs to enqueue "
+                   "[default: 200].")
+    p.add_argument("--keep", action="store_true", help="Keep the demo's schema afterwards "
+                   "(on DRAINER_DATABASE_URL).")
+
+    p = add("schedule", "Run the drain on an interval or cron schedule, no connection "
+            "between runs.", _lazy("drainer.scheduler:schedule_command"))
+    p.add_argument("--interval", metavar="SECONDS", help="Seconds between wakes (or 15m, 1h).")
+    p.add_argument("--jitter", metavar="SECONDS", help="Random delay added to each wake.")
+    p.add_argument("--cron", metavar="EXPR", help="Crontab expression 'm h dom mon dow' "
+                   "(0 and 7 are Sunday).")
+    p.add_argument("--allow-always-on", action="store_true",
+                   help="Accept an interval shorter than the idle timeout (keeps the "
+                   "compute awake).")
+    p.add_argument("--dry-run", action="store_true", help="Print the next five wakes and "
+                   "the awake estimate, then exit without connecting.")
+
+    p = add("serve", "HTTP trigger: POST /drain starts a drain; GET /healthz never touches "
+            "the database.", _lazy("drainer.serve:serve_command"))
+    p.add_argument("--host", default="127.0.0.1", help="Address to listen on "
+                   "[default: 127.0.0.1].")
+    p.add_argument("--port", type=int, default=8080, help="Port [default: 8080].")
+
+    p = add("worker", "Always-on worker: LISTEN/NOTIFY on a direct connection plus a "
+            "fallback poll (keeps the compute awake).", _lazy("drainer.worker:worker_command"))
+    p.add_argument("--max-poll-interval", metavar="SECONDS", default="60",
+                   help="Longest fallback poll interval while empty [default: 60].")
+
+    p = add("audit", "Sample pg_stat_activity and name what keeps the compute awake.",
+            _lazy("drainer.audit:audit_command"))
+    p.add_argument("--duration", metavar="SECONDS", default="60",
+                   help="How long to sample [default: 60].")
+    p.add_argument("--json", action="store_true", help="One JSON object on stdout.")
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        settings = settings_from_args(args)
+        _setup_logging(settings)
+        code: int = args.func(args, settings)
+        return code
+    except DrainerError as exc:
+        sys.stderr.write(f"drainer {args.command}: {redact(str(exc))}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"drainer {args.command}: interrupted\n")
+        return 130
+    except Exception as exc:
+        return _unexpected(args.command, exc)
+
+
+def _unexpected(command: str, exc: Exception) -> int:
+    import psycopg
+
+    text = redact(" ".join(str(exc).split()) or type(exc).__name__)
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        sys.stderr.write(f"drainer {command}: database connection lost: {text}\n")
+        return EXIT_UNAVAILABLE
+    logger.debug("unexpected error", exc_info=exc)
+    sys.stderr.write(f"drainer {command}: {type(exc).__name__}: {text}\n")
+    return EXIT_ERROR
+
+
+def entrypoint() -> None:
+    raise SystemExit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    entrypoint()

@@ -1,0 +1,271 @@
+"""Connect to the database (timeouts, retries) and run drainer's named statements."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from drainer._redact import redact
+from drainer.errors import DatabaseUnavailable, SchemaError
+
+if TYPE_CHECKING:
+    from drainer.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+APPLICATION_NAME = "drainer"
+
+_NAME_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.M)
+
+# Errors that retrying will not fix: wrong password, unknown database or role, bad DSN.
+_PERMANENT = (
+    "password authentication failed",
+    "does not exist",
+    "no password supplied",
+    "invalid connection option",
+    "invalid dsn",
+    "missing \"=\"",
+    "invalid integer value",
+    "invalid sslmode",
+    "authentication failed",
+    "permission denied",
+)
+
+
+def load_queries() -> dict[str, str]:
+    """The statements of ``sql/queries.sql`` by name (text with ``{identifier}`` holes)."""
+    text = resources.files("drainer").joinpath("sql/queries.sql").read_text("utf-8")
+    parts = _NAME_HEADER.split(text)
+    out: dict[str, str] = {}
+    # parts = [preamble, name1, body1, name2, body2, ...]
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [ln for ln in body.strip().splitlines() if not ln.startswith("--")]
+        out[name] = "\n".join(lines).strip().rstrip(";")
+    return out
+
+
+QUERIES = load_queries()
+
+
+def identifiers(schema: str, table: str) -> dict[str, sql.Composable]:
+    """The identifiers that fill the ``{holes}`` of drainer's SQL, always quoted."""
+    return {
+        "schema": sql.Identifier(schema),
+        "jobs": sql.Identifier(schema, table),
+        "archive": sql.Identifier(schema, f"{table}_archive"),
+        "migrations": sql.Identifier(schema, "drainer_migrations"),
+        "claim_idx": sql.Identifier(f"{table}_claim_idx"),
+        "lease_idx": sql.Identifier(f"{table}_lease_idx"),
+        "finished_idx": sql.Identifier(f"{table}_finished_idx"),
+        "dedup_idx": sql.Identifier(f"{table}_dedup_idx"),
+        "article_idx": sql.Identifier(schema, f"{table}_ready_idx"),
+        "notify_fn": sql.Identifier(schema, f"{table}_notify"),
+        "notify_trigger": sql.Identifier(f"{table}_notify"),
+    }
+
+
+def regclass_literal(schema: str, table: str) -> str:
+    """A quoted ``schema.table`` string to cast to regclass as a *parameter*."""
+    return '"{}"."{}"'.format(schema.replace('"', '""'), table.replace('"', '""'))
+
+
+def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[Any]:
+    """Open one autocommit connection with drainer's session settings.
+
+    Retries with exponential backoff (0.5 s, 1 s, 2 s, ...) while the server cannot be
+    reached: the first connection after a suspend may take seconds while the compute
+    resumes. Raises DatabaseUnavailable (exit 3) when every attempt failed.
+    """
+    kwargs: dict[str, Any] = {
+        "autocommit": True,
+        "connect_timeout": max(1, round(settings.connect_timeout)),
+        "application_name": APPLICATION_NAME if purpose == "work" else
+        f"{APPLICATION_NAME}-{purpose}",
+    }
+    if settings.session_options:
+        opts = []
+        for name, value in (
+            ("statement_timeout", settings.statement_timeout),
+            ("lock_timeout", settings.lock_timeout),
+            ("idle_in_transaction_session_timeout", settings.idle_in_transaction_timeout),
+        ):
+            opts.append(f"-c {name}={int(value * 1000)}")
+        kwargs["options"] = " ".join(opts)
+    dsn = settings.dsn
+    attempts = settings.connect_retries + 1
+    delay = 0.5
+    last: Exception | None = None
+    for attempt in range(1, attempts + 1):
+        started = time.monotonic()
+        try:
+            conn = psycopg.connect(dsn, **kwargs)
+        except psycopg.Error as exc:
+            last = exc
+            message = _one_line(exc)
+            if any(p in message.lower() for p in _PERMANENT):
+                raise DatabaseUnavailable(f"cannot connect: {message}") from None
+            if attempt < attempts:
+                logger.warning(
+                    "connect attempt %d/%d failed after %.1fs: %s; retrying in %.1fs",
+                    attempt, attempts, time.monotonic() - started, message, delay,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            continue
+        if not settings.prepared_statements:
+            conn.prepare_threshold = None
+        return conn
+    assert last is not None
+    raise DatabaseUnavailable(
+        f"database unreachable after {attempts} attempts: {_one_line(last)}"
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return redact(text)
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    """A row returned by claim_batch."""
+
+    id: int
+    queue: str
+    payload: Any
+    attempts: int
+    max_attempts: int
+    priority: int
+    run_at: datetime
+    locked_until: datetime
+
+
+class Queries:
+    """drainer's named statements bound to one connection and one jobs table.
+
+    One method per statement of ``sql/queries.sql``; each returns plain Python values.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], schema: str, table: str) -> None:
+        self.conn = conn
+        self.schema = schema
+        self.table = table
+        self.regclass = regclass_literal(schema, table)
+        ids = identifiers(schema, table)
+        self._sql = {
+            name: sql.SQL(text).format(**ids).as_string(conn)  # type: ignore[arg-type]
+            for name, text in QUERIES.items()
+        }
+
+    def text(self, name: str) -> str:
+        """The rendered SQL of a named statement (for EXPLAIN, benchmarks, pgbench)."""
+        return self._sql[name]
+
+    def _exec(self, name: str, params: dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
+        return self.conn.execute(self._sql[name], params)  # type: ignore[arg-type]
+
+    # -- schema ---------------------------------------------------------------------------------
+    def schema_version(self) -> int | None:
+        """The migration version recorded for the table; SchemaError when none."""
+        try:
+            row = self._exec("schema_version", {"table": self.table}).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            if not self.conn.autocommit:
+                self.conn.rollback()
+            return None
+        return None if row is None else row[0]
+
+    # -- the job lifecycle ----------------------------------------------------------------------
+    def claim_batch(self, queue: str, batch_size: int, lease: float) -> list[ClaimedRow]:
+        cur = self._exec(
+            "claim_batch", {"queue": queue, "batch_size": batch_size, "lease": lease}
+        )
+        rows = [ClaimedRow(*r) for r in cur.fetchall()]
+        rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+        return rows
+
+    def complete_many(self, ids: Sequence[int], attempts: Sequence[int], *,
+                      delete: bool = False) -> set[int]:
+        if not ids:
+            return set()
+        name = "delete_completed_many" if delete else "complete_many"
+        cur = self._exec(name, {"ids": list(ids), "attempts": list(attempts)})
+        return {r[0] for r in cur.fetchall()}
+
+    def fail_many(
+        self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
+        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,
+    ) -> list[tuple[int, str, datetime]]:
+        if not ids:
+            return []
+        cur = self._exec("fail_many", {
+            "ids": list(ids), "attempts": list(attempts), "errors": list(errors),
+            "max_attempts": list(max_attempts),
+            "retry_base": retry_base, "retry_cap": retry_cap,
+        })
+        return [(r[0], r[1], r[2]) for r in cur.fetchall()]
+
+    def extend_many(
+        self, ids: Sequence[int], attempts: Sequence[int], leases: Sequence[float]
+    ) -> dict[int, datetime]:
+        if not ids:
+            return {}
+        cur = self._exec("extend_many", {
+            "ids": list(ids), "attempts": list(attempts), "leases": list(leases),
+        })
+        return {r[0]: r[1] for r in cur.fetchall()}
+
+    def release_many(self, ids: Sequence[int], attempts: Sequence[int]) -> set[int]:
+        if not ids:
+            return set()
+        cur = self._exec("release_many", {"ids": list(ids), "attempts": list(attempts)})
+        return {r[0] for r in cur.fetchall()}
+
+    def reap_expired(self, queues: Sequence[str]) -> list[tuple[int, str, int]]:
+        cur = self._exec("reap_expired", {"queues": list(queues)})
+        return [(r[0], r[1], r[2]) for r in cur.fetchall()]
+
+    def archive_batch(self, status: str, older_than: float, batch_size: int,
+                      move: bool) -> int:
+        cur = self._exec("archive_move" if move else "archive_delete", {
+            "status": status, "older_than": older_than, "batch_size": batch_size,
+        })
+        return cur.rowcount
+
+    def queue_summary(self, queues: Sequence[str]) -> tuple[int, datetime | None]:
+        row = self._exec("queue_summary", {"queues": list(queues)}).fetchone()
+        assert row is not None
+        return int(row[0]), row[1]
+
+    def table_health(self) -> dict[str, Any]:
+        cur = self.conn.cursor(row_factory=dict_row)
+        cur.execute(self._sql["table_health"], {"regclass": self.regclass})  # type: ignore[arg-type]
+        row = cur.fetchone()
+        return dict(row) if row else {}
+
+    # -- status ---------------------------------------------------------------------------------
+    def fetch_dicts(self, name: str, params: dict[str, Any] | None = None
+                    ) -> list[dict[str, Any]]:
+        cur = self.conn.cursor(row_factory=dict_row)
+        cur.execute(self._sql[name], params)  # type: ignore[arg-type]
+        return list(cur.fetchall())
+
+
+def as_lists(pairs: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Split ``(id, attempts)`` pairs into the two arrays the *_many statements take."""
+    ids: list[int] = []
+    attempts: list[int] = []
+    for i, a in pairs:
+        ids.append(i)
+        attempts.append(a)
+    return ids, attempts

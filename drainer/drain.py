@@ -1,0 +1,595 @@
+"""The drain cycle: connect, reap, claim and run until nothing is due, archive, vacuum, exit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue as queue_mod
+import signal
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+from drainer import db
+from drainer.maintenance import archiver, reaper, vacuum
+from drainer.migrate import check_schema
+from drainer.registry import Job, Registry, Task, default_registry, load_app
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from drainer.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: A heartbeat extends leases every lease * HEARTBEAT_FRACTION seconds.
+HEARTBEAT_FRACTION = 1 / 3
+#: Longest error text kept in last_error.
+MAX_ERROR_CHARS = 4000
+
+
+@dataclass
+class RunReport:
+    """What one drain did; printed as one JSON object by ``drainer run-once``."""
+
+    run_id: str
+    queues: list[str]
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    released: int = 0
+    reaped: int = 0
+    archived: int = 0
+    vacuumed: bool = False
+    lost: int = 0
+    remaining_due: int = 0
+    next_due_at: str | None = None
+    duration_s: float = 0.0
+    connected_s: float = 0.0
+    deadline_hit: bool = False
+    stopped_by: str | None = None
+    n_dead_tup: int | None = None
+    last_autovacuum: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Outcome:
+    job: Job
+    task: Task
+    ok: bool
+    error: str | None = None
+
+
+@dataclass
+class _Running:
+    job: Job
+    task: Task
+    lease: float
+    started: float
+    timeout_at: float | None
+    lease_expires: float
+    lost: bool = False
+    done: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def format_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
+    """``Type: message`` and the end of the traceback, as kept in last_error."""
+    head = f"{type(exc).__name__}: {exc}".strip()
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = head + "\n" + tb
+    if len(text) > limit:
+        text = head[: limit // 2] + "\n...\n" + tb[-(limit // 2):]
+    return text
+
+
+def _call(task: Task, job: Job) -> _Outcome:
+    """Run one handler and catch whatever it raises."""
+    try:
+        if task.is_async:
+            coro = task.func(job)
+            if task.timeout is not None:
+                asyncio.run(asyncio.wait_for(coro, task.timeout))
+            else:
+                asyncio.run(coro)
+        else:
+            task.func(job)
+    except asyncio.TimeoutError:
+        return _Outcome(job, task, False, f"TimeoutError: handler exceeded its timeout of "
+                        f"{task.timeout}s")
+    except BaseException as exc:  # a handler may raise anything, SystemExit included
+        return _Outcome(job, task, False, format_error(exc))
+    return _Outcome(job, task, True)
+
+
+class _Heartbeat(threading.Thread):
+    """Extends the leases of running jobs on a second connection opened only when needed."""
+
+    def __init__(self, drain: _Drain, interval: float) -> None:
+        super().__init__(name="drainer-heartbeat", daemon=True)
+        self.drain = drain
+        self.interval = interval
+        self.stopped = threading.Event()
+        self.conn: psycopg.Connection[Any] | None = None
+        self.queries: db.Queries | None = None
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                self.beat()
+            except Exception as exc:  # keep beating: the next tick may reconnect
+                logger.warning("heartbeat failed: %s", db._one_line(exc))
+                self._close()
+
+    def beat(self, only: list[_Running] | None = None, seconds: float | None = None) -> set[int]:
+        """Extend leases about to run low (or ``only`` those given); return ids still ours."""
+        now = time.monotonic()
+        with self.drain.lock:
+            candidates = only if only is not None else [
+                r for r in self.drain.running.values()
+                if not r.done and not r.lost and r.lease_expires - now < r.lease * (
+                    1 - HEARTBEAT_FRACTION)
+            ]
+        if not candidates:
+            return set()
+        with self.lock:
+            if self.conn is None or self.conn.closed:
+                self.conn = db.connect(self.drain.settings, purpose="heartbeat")
+                self.queries = db.Queries(self.conn, self.drain.settings.schema_name,
+                                          self.drain.settings.table)
+            assert self.queries is not None
+            leases = [seconds if seconds is not None else r.lease for r in candidates]
+            kept = self.queries.extend_many(
+                [r.job.id for r in candidates], [r.job.attempt for r in candidates], leases)
+        now = time.monotonic()
+        for r, lease in zip(candidates, leases, strict=True):
+            if r.job.id in kept:
+                r.lease_expires = now + lease
+                if r.timeout_at is None:
+                    r.job.deadline = kept[r.job.id]
+            else:
+                r.lost = True
+                r.job.cancelled.set()
+                logger.warning("job %d is no longer ours (lease lost): its handler was told "
+                               "to stop and its outcome will not be written", r.job.id,
+                               extra={"job_id": r.job.id, "queue": r.job.queue})
+        return set(kept)
+
+    def _close(self) -> None:
+        with self.lock:
+            if self.conn is not None:
+                try:
+                    self.conn.close()
+                finally:
+                    self.conn = None
+                    self.queries = None
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.is_alive():
+            self.join(timeout=5)
+        self._close()
+
+
+class _Drain:
+    """One drain over one connection; see :func:`run_once`."""
+
+    def __init__(self, settings: Settings, registry: Registry, conn: psycopg.Connection[Any],
+                 queues: list[str], report: RunReport, stop: threading.Event,
+                 deadline: float | None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.conn = conn
+        self.q = db.Queries(conn, settings.schema_name, settings.table)
+        self.queues = queues
+        self.report = report
+        self.stop = stop
+        self.deadline = deadline
+        self.lock = threading.Lock()
+        self.running: dict[int, _Running] = {}
+        self.done_q: queue_mod.SimpleQueue[_Outcome] = queue_mod.SimpleQueue()
+        self.ok_buf: list[_Outcome] = []
+        self.fail_buf: list[_Outcome] = []
+        self.pool: ThreadPoolExecutor | None = None
+        leases = [self._lease(registry.tasks[q]) for q in queues]
+        self.heartbeat = _Heartbeat(self, max(0.05, min(leases) * HEARTBEAT_FRACTION))
+        self.progress: Callable[[RunReport], None] | None = None
+
+    # -- options ----------------------------------------------------------------------------------
+    def _lease(self, task: Task) -> float:
+        return task.lease if task.lease is not None else self.settings.lease
+
+    def _timeout(self, task: Task) -> float | None:
+        return task.timeout if task.timeout is not None else self.settings.job_timeout
+
+    # -- limits -----------------------------------------------------------------------------------
+    def limit_reached(self) -> bool:
+        if self.stop.is_set():
+            self.report.stopped_by = self.report.stopped_by or "signal"
+            return True
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.report.stopped_by = self.report.stopped_by or "max_runtime"
+            self.report.deadline_hit = True
+            return True
+        max_jobs = self.settings.max_jobs
+        if max_jobs is not None and self.report.claimed >= max_jobs:
+            self.report.stopped_by = self.report.stopped_by or "max_jobs"
+            self.report.deadline_hit = True
+            return True
+        return False
+
+    # -- claiming ---------------------------------------------------------------------------------
+    def claim_round(self, start: int) -> tuple[list[tuple[Task, db.ClaimedRow]], int, bool]:
+        """Claim from the queues in turn, starting at ``start``.
+
+        Returns the claimed rows, where the next round starts, and whether anything was
+        claimed (transaction-mode batches are run and recorded right here).
+        """
+        n = len(self.queues)
+        for i in range(n):
+            idx = (start + i) % n
+            queue = self.queues[idx]
+            task = self.registry.tasks[queue]
+            size = self.settings.batch_size
+            if self.settings.max_jobs is not None:
+                size = min(size, self.settings.max_jobs - self.report.claimed)
+            if size <= 0:
+                return [], idx, False
+            if task.transaction:
+                if self.run_transaction_batch(task, size):
+                    return [], idx, True
+                continue
+            rows = self.q.claim_batch(queue, size, self._lease(task))
+            if rows:
+                self.report.claimed += len(rows)
+                # stay on a queue while it fills whole batches; move on when it runs dry
+                nxt = idx if len(rows) == size else (idx + 1) % n
+                return [(task, r) for r in rows], nxt, True
+        return [], start, False
+
+    def make_job(self, task: Task, row: db.ClaimedRow) -> _Running:
+        lease = self._lease(task)
+        timeout = self._timeout(task)
+        now = time.monotonic()
+        deadline = row.locked_until if timeout is None else (
+            datetime.now(timezone.utc) + timedelta(seconds=timeout))
+        job = Job(row.id, row.queue, row.payload, row.attempts,
+                  task.max_attempts or row.max_attempts, deadline)
+        running = _Running(job, task, lease, now, None if timeout is None else now + timeout,
+                           now + lease)
+        job._extend = self._extend_one
+        return running
+
+    def _extend_one(self, job: Job, seconds: float | None) -> bool:
+        with self.lock:
+            r = self.running.get(job.id)
+        if r is None or r.lost:
+            return False
+        kept = self.heartbeat.beat([r], seconds)
+        return job.id in kept
+
+    # -- running ----------------------------------------------------------------------------------
+    def start(self, r: _Running) -> None:
+        with self.lock:
+            self.running[r.job.id] = r
+        if r.timeout_at is not None:
+            t = threading.Thread(target=self._thread_main, args=(r,), daemon=True,
+                                 name=f"drainer-job-{r.job.id}")
+            t.start()
+        elif self.settings.concurrency == 1 and not _loop_running():
+            self.done_q.put(_call(r.task, r.job))
+        else:
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(self.settings.concurrency,
+                                               thread_name_prefix="drainer-handler")
+            self.pool.submit(self._thread_main, r)
+
+    def _thread_main(self, r: _Running) -> None:
+        self.done_q.put(_call(r.task, r.job))
+
+    def collect(self, block_for: float) -> None:
+        """Move finished handlers' outcomes to the write buffers; enforce timeouts."""
+        try:
+            outcome = self.done_q.get(timeout=block_for) if block_for > 0 else \
+                self.done_q.get_nowait()
+        except queue_mod.Empty:
+            outcome = None
+        while outcome is not None:
+            self._settle(outcome)
+            try:
+                outcome = self.done_q.get_nowait()
+            except queue_mod.Empty:
+                outcome = None
+        now = time.monotonic()
+        with self.lock:
+            expired = [r for r in self.running.values()
+                       if not r.done and r.timeout_at is not None and now >= r.timeout_at]
+        for r in expired:
+            r.job.cancelled.set()
+            self._settle(_Outcome(r.job, r.task, False,
+                                  f"TimeoutError: handler exceeded its timeout of "
+                                  f"{self._timeout(r.task)}s (abandoned, told to stop)"))
+
+    def _settle(self, outcome: _Outcome) -> None:
+        with self.lock:
+            r = self.running.get(outcome.job.id)
+            if r is None or r.done or r.job is not outcome.job:
+                return  # a late result of an abandoned (timed-out) handler
+            r.done = True
+            del self.running[outcome.job.id]
+        if r.lost:
+            self.report.lost += 1
+            logger.warning("job %d finished after its lease was lost: outcome not written",
+                           r.job.id, extra={"job_id": r.job.id, "queue": r.job.queue})
+            return
+        (self.ok_buf if outcome.ok else self.fail_buf).append(outcome)
+        if not outcome.ok:
+            logger.info("job %d failed (attempt %d/%d): %s", r.job.id, r.job.attempt,
+                        r.job.max_attempts, (outcome.error or "").split("\n", 1)[0],
+                        extra={"job_id": r.job.id, "queue": r.job.queue,
+                               "attempt": r.job.attempt,
+                               "duration_s": round(time.monotonic() - r.started, 6)})
+
+    def in_flight(self) -> int:
+        with self.lock:
+            return sum(1 for r in self.running.values() if not r.done)
+
+    def flush(self) -> None:
+        """Write buffered outcomes, fenced, one statement per kind."""
+        if self.ok_buf:
+            buf, self.ok_buf = self.ok_buf, []
+            written = self.q.complete_many([o.job.id for o in buf], [o.job.attempt for o in buf],
+                                           delete=self.settings.delete_on_complete)
+            self.report.succeeded += len(written)
+            self._count_lost(buf, written)
+        if self.fail_buf:
+            buf, self.fail_buf = self.fail_buf, []
+            rows = self.q.fail_many(
+                [o.job.id for o in buf], [o.job.attempt for o in buf],
+                [o.error or "unknown error" for o in buf],
+                [o.task.max_attempts for o in buf],
+                self.settings.retry_base, self.settings.retry_cap)
+            for _id, status, _run_at in rows:
+                if status == "failed":
+                    self.report.failed += 1
+                else:
+                    self.report.retried += 1
+            self._count_lost(buf, {r[0] for r in rows})
+        if self.progress is not None:
+            self.progress(self.report)
+
+    def _count_lost(self, buf: list[_Outcome], written: set[int]) -> None:
+        for o in buf:
+            if o.job.id not in written:
+                self.report.lost += 1
+                logger.warning(
+                    "job %d: outcome not written (UPDATE 0): it is no longer ours, another "
+                    "worker owns it or it was reaped", o.job.id,
+                    extra={"job_id": o.job.id, "queue": o.job.queue, "attempt": o.job.attempt})
+
+    # -- transaction mode -------------------------------------------------------------------------
+    def run_transaction_batch(self, task: Task, size: int) -> int:
+        """Claim, run and record a batch inside one transaction (lock for the whole job)."""
+        conn = self.conn
+        with conn.transaction():
+            rows = self.q.claim_batch(task.queue, size, self._lease(task))
+            self.report.claimed += len(rows)
+            for row in rows:
+                r = self.make_job(task, row)
+                r.job.conn = conn
+                try:
+                    with conn.transaction():
+                        outcome = _call(task, r.job)
+                        if not outcome.ok:
+                            raise _HandlerFailed(outcome)
+                except _HandlerFailed as failed:
+                    self.fail_buf.append(failed.outcome)
+                else:
+                    self.ok_buf.append(outcome)
+                finally:
+                    r.job.conn = None
+            self.flush()
+        return len(rows)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        pending: deque[_Running] = deque()
+        cursor = 0
+        exhausted = False
+        concurrency = self.settings.concurrency
+        self.heartbeat.start()
+        try:
+            while True:
+                limited = self.limit_reached()
+                if not limited and not exhausted and not pending:
+                    claimed, cursor, progressed = self.claim_round(cursor)
+                    pending.extend(self.make_job(t, r) for t, r in claimed)
+                    exhausted = not progressed
+                if self.stop.is_set():
+                    self.release(pending)
+                while pending and self.in_flight() < concurrency:
+                    self.start(pending.popleft())
+                busy = self.in_flight()
+                self.collect(0.05 if busy and (not pending or busy >= concurrency) else 0)
+                if self.ok_buf or self.fail_buf:
+                    if not pending or len(self.ok_buf) + len(self.fail_buf) >= \
+                            self.settings.batch_size:
+                        self.flush()
+                if pending or self.in_flight():
+                    if (self.stop.is_set() or (limited and not pending)) and self.in_flight():
+                        self.release(pending)
+                        self.wait_grace()
+                        break
+                    continue
+                if exhausted or limited:
+                    break
+        finally:
+            self.flush()
+            self.heartbeat.stop()
+            if self.pool is not None:
+                self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def release(self, pending: deque[_Running]) -> None:
+        if not pending:
+            return
+        jobs = list(pending)
+        pending.clear()
+        released = self.q.release_many([r.job.id for r in jobs], [r.job.attempt for r in jobs])
+        self.report.released += len(released)
+        logger.info("released %d claimed jobs that had not started", len(released))
+
+    def wait_grace(self) -> None:
+        """Give running handlers the grace period, then leave them to their lease."""
+        until = time.monotonic() + self.settings.grace
+        while self.in_flight() and time.monotonic() < until:
+            self.collect(min(0.1, max(0.0, until - time.monotonic())))
+            if self.ok_buf or self.fail_buf:
+                self.flush()
+        with self.lock:
+            left = [r for r in self.running.values() if not r.done]
+        for r in left:
+            r.job.cancelled.set()
+            logger.warning("job %d still running after the %.0fs grace period: left to its "
+                           "lease", r.job.id, self.settings.grace,
+                           extra={"job_id": r.job.id, "queue": r.job.queue})
+
+
+class _HandlerFailed(Exception):
+    def __init__(self, outcome: _Outcome) -> None:
+        super().__init__(outcome.error)
+        self.outcome = outcome
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def resolve_queues(settings: Settings, registry: Registry) -> list[str]:
+    """The queues this drain claims: those with handlers, or the --queue subset of them."""
+    from drainer.errors import ConfigError
+
+    if settings.app:
+        load_app(settings.app)
+    known = registry.queues()
+    if not known:
+        raise ConfigError(
+            "no handlers registered: name the module with your @task functions in "
+            "DRAINER_APP or --app"
+        )
+    if not settings.queues:
+        return known
+    missing = [q for q in settings.queues if q not in registry.tasks]
+    if missing:
+        raise ConfigError(
+            f"no handler for queue {', '.join(map(repr, missing))} (handlers exist for: "
+            f"{', '.join(known)})"
+        )
+    return list(dict.fromkeys(settings.queues))
+
+
+@contextmanager
+def _signals_stop(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM/SIGINT: stop claiming (a second signal cuts the grace period short)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hits = {"n": 0}
+
+    def handler(signum: int, frame: Any) -> None:
+        hits["n"] += 1
+        logger.info("received %s: stopping (no new claims; running jobs get the grace "
+                    "period)", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def run_once(
+    settings: Settings,
+    *,
+    registry: Registry | None = None,
+    stop: threading.Event | None = None,
+    deadline: float | None = None,
+    handle_signals: bool = False,
+    progress: Callable[[RunReport], None] | None = None,
+) -> RunReport:
+    """Drain once: the cycle every entry point (CLI, scheduler, serve, serverless) uses.
+
+    ``deadline`` is a ``time.monotonic()`` instant after which no more jobs are claimed
+    (the earlier of it and ``settings.max_runtime`` wins). ``stop`` is an event that asks
+    for a graceful shutdown, as SIGTERM does with ``handle_signals``.
+    """
+    registry = registry or default_registry
+    started = time.monotonic()
+    stop = stop or threading.Event()
+    queues = resolve_queues(settings, registry)
+    if settings.max_runtime is not None:
+        limit = started + settings.max_runtime
+        deadline = limit if deadline is None else min(deadline, limit)
+    report = RunReport(run_id=uuid.uuid4().hex[:12], queues=queues)
+    ctx = _signals_stop(stop) if handle_signals else _nullcontext()
+    with ctx:
+        conn = db.connect(settings)
+        connected_at = time.monotonic()
+        try:
+            drain = _Drain(settings, registry, conn, queues, report, stop, deadline)
+            drain.progress = progress
+            check_schema(drain.q)
+            report.reaped = reaper.run_once(drain.q, queues).reaped
+            drain.run()
+            if not stop.is_set():
+                report.archived = archiver.run_once(
+                    drain.q, settings, deadline=None).archived
+                vac = vacuum.run_once(drain.q, settings.vacuum_threshold)
+                report.vacuumed = vac.vacuumed
+                report.n_dead_tup = vac.n_dead_tup
+                report.last_autovacuum = _iso(vac.last_autovacuum)
+            report.remaining_due, next_due = drain.q.queue_summary(queues)
+            report.next_due_at = _iso(next_due)
+        finally:
+            conn.close()
+            report.connected_s = round(time.monotonic() - connected_at, 6)
+    report.duration_s = round(time.monotonic() - started, 6)
+    if settings.pushgateway_url:
+        _push_metrics(settings, report)
+    return report
+
+
+def _push_metrics(settings: Settings, report: RunReport) -> None:
+    try:
+        from drainer import metrics  # type: ignore[attr-defined]
+
+        metrics.push_report(settings, report)
+    except Exception as exc:
+        logger.warning("pushing metrics failed: %s", db._one_line(exc))
+
+
+@contextmanager
+def _nullcontext() -> Iterator[None]:
+    yield
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()

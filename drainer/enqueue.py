@@ -1,0 +1,122 @@
+"""Put jobs in the table, inside the caller's transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from drainer.db import QUERIES, identifiers
+from drainer.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_SCHEMA, DEFAULT_TABLE
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to enqueue in bulk."""
+
+    queue: str
+    payload: Any
+    run_at: datetime | None = None
+    priority: int = 0
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    dedup_key: str | None = None
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    enqueued: int
+    skipped_duplicates: int
+
+
+def _q(name: str, schema: str, table: str) -> sql.Composed:
+    return sql.SQL(QUERIES[name]).format(**identifiers(schema, table))  # type: ignore[arg-type]
+
+
+def _check(queue: str, max_attempts: int) -> None:
+    if not queue:
+        raise ValueError("queue must be a non-empty string")
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+
+
+def enqueue(
+    conn: psycopg.Connection[Any],
+    queue: str,
+    payload: Any,
+    *,
+    run_at: datetime | None = None,
+    priority: int = 0,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    dedup_key: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+    table: str = DEFAULT_TABLE,
+) -> int | None:
+    """Insert one job and return its id, or None when ``dedup_key`` is already queued/running.
+
+    Runs on ``conn`` as it is: inside the caller's open transaction the job commits or
+    rolls back with the caller's data (the point of a table queue).
+    """
+    _check(queue, max_attempts)
+    row = conn.execute(_q("enqueue", schema, table), {
+        "queue": queue, "payload": Jsonb(payload), "run_at": run_at, "priority": priority,
+        "max_attempts": max_attempts, "dedup_key": dedup_key,
+    }).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _spec(job: JobSpec | Mapping[str, Any]) -> JobSpec:
+    if isinstance(job, JobSpec):
+        return job
+    return JobSpec(**job)
+
+
+def enqueue_many(
+    conn: psycopg.Connection[Any],
+    jobs: Iterable[JobSpec | Mapping[str, Any]],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    table: str = DEFAULT_TABLE,
+) -> EnqueueResult:
+    """Insert many jobs through COPY, in the caller's transaction.
+
+    Jobs without a dedup_key go straight into the table; when any job has one, the
+    batch is staged in a temporary table (dropped at commit) and inserted with
+    ON CONFLICT DO NOTHING, so duplicates are skipped and counted.
+    """
+    specs = [_spec(j) for j in jobs]
+    for s in specs:
+        _check(s.queue, s.max_attempts)
+    if not specs:
+        return EnqueueResult(0, 0)
+    rows = [
+        (s.queue, Jsonb(s.payload), s.run_at, s.priority, s.max_attempts, s.dedup_key)
+        for s in specs
+    ]
+    types = ["text", "jsonb", "timestamptz", "int4", "int4", "text"]
+    with conn.transaction():
+        cur = conn.cursor()
+        if all(s.dedup_key is None for s in specs):
+            if any(s.run_at is None for s in specs):
+                # COPY does not apply column defaults to NULLs: fill run_at with now().
+                now = cur.execute("SELECT now()").fetchone()
+                assert now is not None
+                rows = [r if r[2] is not None else (r[0], r[1], now[0], *r[3:]) for r in rows]
+            with cur.copy(_q("enqueue_copy", schema, table)) as copy:
+                copy.set_types(types)
+                for r in rows:
+                    copy.write_row(r)
+            return EnqueueResult(len(rows), 0)
+        cur.execute(QUERIES["enqueue_stage"])
+        with cur.copy(QUERIES["enqueue_stage_copy"]) as copy:
+            copy.set_types(["int8", *types])
+            for i, r in enumerate(rows):
+                copy.write_row((i, *r))
+        cur.execute(_q("enqueue_stage_insert", schema, table))
+        inserted = cur.rowcount
+        cur.execute("DROP TABLE drainer_enqueue_stage")
+    return EnqueueResult(inserted, len(rows) - inserted)

@@ -1,0 +1,33 @@
+"""Errors raised by drainer, each mapped to a documented exit code."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_SCHEMA = 4
+
+
+class DrainerError(Exception):
+    """Base class: ``str(error)`` is the one line shown to the user."""
+
+    exit_code = EXIT_ERROR
+
+
+class ConfigError(DrainerError):
+    """A missing or invalid setting, flag or app module (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class DatabaseUnavailable(DrainerError):
+    """The database could not be reached after the connect retries (exit 3)."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+class SchemaError(DrainerError):
+    """The jobs table is missing or its schema is out of date (exit 4)."""
+
+    exit_code = EXIT_SCHEMA

@@ -1,0 +1,1 @@
+"""Maintenance services: each has a ``run_once()`` returning a small result of counts."""

@@ -1,0 +1,28 @@
+"""The reaper: expired leases go back to queued, or to failed at max_attempts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from drainer.db import Queries
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    reaped: int
+    requeued: int
+    failed: int
+
+
+def run_once(queries: Queries, queues: Sequence[str]) -> ReapResult:
+    """Reap the expired leases of ``queues`` (a worker died or stalled past its lease)."""
+    rows = queries.reap_expired(queues)
+    failed = sum(1 for _id, status, _attempts in rows if status == "failed")
+    if rows:
+        logger.info("reaped %d expired leases (%d back to queued, %d failed at max_attempts)",
+                    len(rows), len(rows) - failed, failed)
+    return ReapResult(len(rows), len(rows) - failed, failed)

@@ -1,0 +1,45 @@
+"""VACUUM the jobs table when dead tuples pile up: autovacuum may never finish on a
+compute that suspends."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from psycopg import sql
+
+from drainer.db import Queries, identifiers
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VacuumResult:
+    vacuumed: bool
+    n_dead_tup: int | None
+    last_autovacuum: datetime | None
+    skipped_reason: str | None = None
+
+
+def run_once(queries: Queries, threshold: int) -> VacuumResult:
+    """VACUUM (ANALYZE) the table when n_dead_tup >= threshold (0 disables).
+
+    Only the table's owner may vacuum it (PostgreSQL 17 adds the MAINTAIN privilege); a
+    role without that right gets a warning and the run goes on.
+    """
+    health = queries.table_health()
+    dead = health.get("n_dead_tup")
+    last_auto = health.get("last_autovacuum")
+    if threshold <= 0 or dead is None or dead < threshold:
+        return VacuumResult(False, dead, last_auto)
+    if not health.get("can_vacuum"):
+        reason = "drainer's role does not own the jobs table (VACUUM needs ownership)"
+        logger.warning("skipping VACUUM of %s.%s with %d dead tuples: %s", queries.schema,
+                       queries.table, dead, reason)
+        return VacuumResult(False, dead, last_auto, reason)
+    stmt = sql.SQL("VACUUM (ANALYZE) {}").format(
+        identifiers(queries.schema, queries.table)["jobs"])
+    queries.conn.execute(stmt)
+    logger.info("vacuumed %s.%s (%d dead tuples)", queries.schema, queries.table, dead)
+    return VacuumResult(True, dead, last_auto)

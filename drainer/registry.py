@@ -1,0 +1,140 @@
+"""``@task``: register a handler for a queue, and look handlers up."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from drainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    import psycopg
+
+
+class JobCancelled(Exception):
+    """Raised by ``job.raise_if_cancelled()`` when the job is no longer ours or shutdown began."""
+
+
+@dataclass
+class Job:
+    """What a handler receives: one claimed job and the means to act on its lease."""
+
+    id: int
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    deadline: datetime | None
+    """When the handler's time is up: its timeout, else its lease (extended by heartbeats)."""
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    """Set when the lease was lost (reaped, cancelled) or shutdown began: stop soon."""
+    conn: psycopg.Connection[Any] | None = None
+    """The claim's connection, inside its transaction (``transaction=True`` tasks only)."""
+    _extend: Callable[[Job, float | None], bool] | None = field(default=None, repr=False)
+
+    def extend(self, seconds: float | None = None) -> bool:
+        """Push this job's lease to now + ``seconds`` (default: the task's lease).
+
+        Returns False, and sets ``cancelled``, when the job is no longer ours: stop work.
+        """
+        if self._extend is None:
+            return not self.cancelled.is_set()
+        return self._extend(self, seconds)
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise JobCancelled(f"job {self.id} was cancelled")
+
+
+Handler = Callable[[Job], Any]
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered handler and its options."""
+
+    queue: str
+    func: Handler
+    timeout: float | None = None
+    lease: float | None = None
+    max_attempts: int | None = None
+    transaction: bool = False
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.func)
+
+    @property
+    def name(self) -> str:
+        return f"{getattr(self.func, '__module__', '?')}.{getattr(self.func, '__qualname__', '?')}"
+
+
+class Registry:
+    """Queue name -> Task."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, Task] = {}
+
+    def task(
+        self,
+        queue: str,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        max_attempts: int | None = None,
+        transaction: bool = False,
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated function as the handler of ``queue``."""
+        if not queue or not isinstance(queue, str):
+            raise ValueError("a task needs a non-empty queue name")
+        for name, value in (("timeout", timeout), ("lease", lease)):
+            if value is not None and value <= 0:
+                raise ValueError(f"task {queue!r}: {name} must be positive")
+        if max_attempts is not None and max_attempts < 1:
+            raise ValueError(f"task {queue!r}: max_attempts must be at least 1")
+
+        def register(func: Handler) -> Handler:
+            existing = self.tasks.get(queue)
+            if existing is not None and existing.func is not func:
+                raise ValueError(
+                    f"queue {queue!r} already has a handler: {existing.name}"
+                )
+            if transaction and inspect.iscoroutinefunction(func):
+                raise ValueError(f"task {queue!r}: transaction=True needs a sync handler")
+            self.tasks[queue] = Task(queue, func, timeout, lease, max_attempts, transaction)
+            return func
+
+        return register
+
+    def get(self, queue: str) -> Task | None:
+        return self.tasks.get(queue)
+
+    def queues(self) -> list[str]:
+        return sorted(self.tasks)
+
+    def clear(self) -> None:
+        self.tasks.clear()
+
+
+#: The registry ``@task`` writes to and ``run_once`` reads by default.
+default_registry = Registry()
+task = default_registry.task
+
+
+def load_app(module: str) -> None:
+    """Import the app module that registers handlers; ConfigError (exit 2) on failure."""
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`: the current directory is importable
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(
+            f"cannot import app module {module!r}: {type(exc).__name__}: {detail}"
+        ) from None

@@ -1,0 +1,365 @@
+"""All of drainer's options: flags, ``DRAINER_*`` variables and ``[tool.drainer]``."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from drainer._redact import password_of, redact, remember_secret
+from drainer.errors import ConfigError
+
+# Named defaults, next to the class that uses them.
+DEFAULT_SCHEMA = "drainer"
+DEFAULT_TABLE = "jobs"
+DEFAULT_BATCH_SIZE = 10
+DEFAULT_LEASE_S = 300.0
+DEFAULT_GRACE_S = 30.0
+DEFAULT_ARCHIVE_AFTER_S = 7 * 86400.0
+DEFAULT_FAILED_RETENTION_S = 30 * 86400.0
+DEFAULT_ARCHIVE_BATCH = 10_000
+DEFAULT_VACUUM_THRESHOLD = 1_000
+DEFAULT_RETRY_BASE_S = 10.0
+DEFAULT_RETRY_CAP_S = 3600.0
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_CONNECT_RETRIES = 5
+DEFAULT_STATEMENT_TIMEOUT_S = 60.0
+DEFAULT_LOCK_TIMEOUT_S = 10.0
+DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S = 120.0
+
+#: Idle timeout (seconds) after which each platform suspends a compute with no activity.
+PLATFORM_IDLE_TIMEOUTS: dict[str, float] = {
+    "neon": 300.0,  # Neon: 5 minutes by default
+    "aurora": 300.0,  # Aurora Serverless v2 at 0 ACU: SecondsUntilAutoPause default
+    "relyt": 600.0,  # the Japanese article's platform: about 10 minutes
+    "supabase": 300.0,  # branches / self-hosted scale-to-zero: set --idle-timeout to yours
+    "always-on": 0.0,  # a compute that never suspends
+}
+
+_DURATION = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|min|h|d|w)?\s*$", re.I)
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept ``90``, ``"90"``, ``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``; return seconds."""
+    if value is None or isinstance(value, int | float):
+        return value
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if not m:
+            raise ValueError(f"not a duration: {value!r} (use seconds or 30s, 15m, 12h, 7d)")
+        return float(m.group("n")) * _UNIT_S[(m.group("unit") or "s").lower()]
+    return value
+
+
+def _split_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+QueueList = Annotated[list[str] | None, BeforeValidator(_split_list)]
+
+
+def _opt(default: Any, description: str, *scopes: str, **kw: Any) -> Any:
+    """A field with its description and the CLI scopes (sets of commands) that take it."""
+    extra = {"scopes": list(scopes)}
+    extra.update(kw.pop("json_schema_extra", {}))
+    return Field(default, description=description, json_schema_extra=extra, **kw)
+
+
+class Settings(BaseSettings):
+    """Every drainer option. Precedence: flags, then environment, then pyproject, then defaults."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DRAINER_",
+        populate_by_name=True,
+        extra="ignore",
+        hide_input_in_errors=True,
+        case_sensitive=False,
+    )
+
+    # -- database -------------------------------------------------------------------------------
+    database_url: SecretStr | None = _opt(
+        None,
+        "PostgreSQL connection string (URL or key=value). Falls back to DATABASE_URL.",
+        "db",
+        validation_alias=AliasChoices("DRAINER_DATABASE_URL", "DATABASE_URL", "database_url"),
+    )
+    schema_name: str = _opt(
+        DEFAULT_SCHEMA,
+        "Schema holding the jobs table (a name, never SQL).",
+        "db",
+        min_length=1,
+        max_length=63,
+        validation_alias=AliasChoices("DRAINER_SCHEMA", "schema_name", "schema"),
+        json_schema_extra={"flag": "--schema"},
+    )
+    table: str = _opt(
+        DEFAULT_TABLE, "Name of the jobs table (a name, never SQL).", "db", min_length=1,
+        max_length=50,
+    )
+    connect_timeout: Seconds = _opt(
+        DEFAULT_CONNECT_TIMEOUT_S, "Seconds to wait for one connection attempt.", "db", gt=0
+    )
+    connect_retries: int = _opt(
+        DEFAULT_CONNECT_RETRIES,
+        "Connection attempts after the first, with exponential backoff, while a suspended "
+        "compute resumes.",
+        "db",
+        ge=0,
+    )
+    statement_timeout: Seconds = _opt(
+        DEFAULT_STATEMENT_TIMEOUT_S, "statement_timeout of drainer's session (0 = none).", "db",
+        ge=0,
+    )
+    lock_timeout: Seconds = _opt(
+        DEFAULT_LOCK_TIMEOUT_S, "lock_timeout of drainer's session (0 = none).", "db", ge=0
+    )
+    idle_in_transaction_timeout: Seconds = _opt(
+        DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S,
+        "idle_in_transaction_session_timeout of drainer's session (0 = none).",
+        "db",
+        ge=0,
+    )
+    session_options: bool = _opt(
+        True,
+        "Send the timeouts as startup options. Turn off for poolers that reject the "
+        "'options' startup parameter; the timeouts are then not set.",
+        "db",
+    )
+    prepared_statements: bool = _opt(
+        True,
+        "Use psycopg's automatic server-side prepared statements. Turn off behind "
+        "PgBouncer < 1.21 or a pooler without max_prepared_statements.",
+        "db",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = _opt(
+        "INFO", "Log level of the messages on stderr.", "db"
+    )
+    log_format: Literal["auto", "json", "text"] = _opt(
+        "auto", "Log format on stderr: JSON lines, text, or auto (text on a TTY).", "db"
+    )
+
+    # -- handlers and the drain -----------------------------------------------------------------
+    app: str | None = _opt(
+        None, "Python module that registers handlers with @task (e.g. myapp.jobs).", "run"
+    )
+    queues: QueueList = _opt(
+        None,
+        "Drain only these queues (a subset of those with handlers). Repeat the flag or "
+        "separate with commas.",
+        "run",
+        json_schema_extra={"flag": "--queue"},
+    )
+    batch_size: int = _opt(DEFAULT_BATCH_SIZE, "Jobs claimed per statement.", "run", gt=0,
+                           le=10_000)
+    concurrency: int = _opt(1, "Handlers running at once (threads).", "run", gt=0, le=1024)
+    lease: Seconds = _opt(
+        DEFAULT_LEASE_S, "Lease of a claimed job in seconds (locked_until = now() + lease).",
+        "run", gt=0,
+    )
+    job_timeout: Seconds | None = _opt(
+        None, "Default time limit of one handler call in seconds (none by default).", "run",
+        gt=0,
+    )
+    max_runtime: Seconds | None = _opt(
+        None, "Stop claiming after this many seconds; the report says what is left.", "run",
+        gt=0,
+    )
+    max_jobs: int | None = _opt(None, "Stop claiming after this many jobs.", "run", gt=0)
+    grace: Seconds = _opt(
+        DEFAULT_GRACE_S,
+        "On shutdown, seconds that running handlers get to finish before they are left to "
+        "their lease.",
+        "run",
+        ge=0,
+    )
+    retry_base: Seconds = _opt(
+        DEFAULT_RETRY_BASE_S,
+        "Retry backoff base: a failed job waits least(cap, base * 2^attempts).",
+        "run", gt=0,
+    )
+    retry_cap: Seconds = _opt(DEFAULT_RETRY_CAP_S, "Longest retry backoff in seconds.", "run",
+                              gt=0)
+    archive_mode: Literal["delete", "move", "off"] = _opt(
+        "delete",
+        "What the archiver does with old finished jobs: delete them, move them to "
+        "<table>_archive, or nothing.",
+        "run",
+    )
+    archive_after: Seconds = _opt(
+        DEFAULT_ARCHIVE_AFTER_S, "Age (since finished) after which done jobs are archived.",
+        "run", ge=0,
+    )
+    failed_retention: Seconds = _opt(
+        DEFAULT_FAILED_RETENTION_S,
+        "Age after which failed jobs (the dead-letter queue) are archived.",
+        "run", ge=0,
+    )
+    archive_batch_size: int = _opt(
+        DEFAULT_ARCHIVE_BATCH, "Rows deleted or moved per archive statement.", "run", gt=0
+    )
+    delete_on_complete: bool = _opt(
+        False, "Delete a job when it succeeds instead of marking it done (no history).", "run"
+    )
+    vacuum_threshold: int = _opt(
+        DEFAULT_VACUUM_THRESHOLD,
+        "VACUUM (ANALYZE) the table at the end of a run when n_dead_tup is at least this "
+        "(0 = never).",
+        "run",
+        ge=0,
+    )
+
+    # -- producers --------------------------------------------------------------------------------
+    max_attempts: int = _opt(
+        DEFAULT_MAX_ATTEMPTS, "Default max_attempts of enqueued jobs.", "enqueue", gt=0
+    )
+    trigger_url: str | None = _opt(
+        None, "URL that producers POST to after a commit to start a drain.", "trigger"
+    )
+    trigger_token: SecretStr | None = _opt(
+        None, "Bearer token of POST /drain.", "trigger"
+    )
+    pushgateway_url: str | None = _opt(
+        None, "Prometheus Pushgateway that receives each run report.", "run"
+    )
+
+    # -- waking ---------------------------------------------------------------------------------
+    platform: Literal["neon", "aurora", "relyt", "supabase", "always-on"] | None = _opt(
+        None, "Preset idle timeout of the database platform.", "wake"
+    )
+    idle_timeout: Seconds | None = _opt(
+        None,
+        "Seconds of inactivity after which the compute suspends (overrides --platform).",
+        "wake",
+        ge=0,
+    )
+
+    @property
+    def dsn(self) -> str:
+        """The connection string; raises ConfigError when none is set."""
+        if self.database_url is None or not self.database_url.get_secret_value().strip():
+            raise ConfigError(
+                "no database URL: set DRAINER_DATABASE_URL (or DATABASE_URL) or pass "
+                "--database-url"
+            )
+        return self.database_url.get_secret_value()
+
+    @property
+    def effective_idle_timeout(self) -> float | None:
+        """--idle-timeout, else the --platform preset, else None (unknown)."""
+        if self.idle_timeout is not None:
+            return self.idle_timeout
+        if self.platform is not None:
+            return PLATFORM_IDLE_TIMEOUTS[self.platform]
+        return None
+
+
+class _PyprojectSource(PydanticBaseSettingsSource):
+    """``[tool.drainer]`` of ./pyproject.toml (or of $DRAINER_PYPROJECT)."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        self._data = _read_pyproject(settings_cls)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def _read_pyproject(settings_cls: type[BaseSettings]) -> dict[str, Any]:
+    path = Path(os.environ.get("DRAINER_PYPROJECT", "pyproject.toml"))
+    if not path.is_file():
+        return {}
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        with path.open("rb") as f:
+            table = tomllib.load(f).get("tool", {}).get("drainer", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read [tool.drainer] from {path}: {exc}") from None
+    known = {name: name for name in settings_cls.model_fields}
+    known.update({"schema": "schema_name", "queue": "queues"})
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = known.get(key.replace("-", "_"))
+        if name is None:
+            raise ConfigError(f"unknown setting {key!r} in [tool.drainer] of {path}")
+        out[name] = value
+    return out
+
+
+def _customise(
+    cls: type[BaseSettings],
+    settings_cls: type[BaseSettings],
+    init_settings: PydanticBaseSettingsSource,
+    env_settings: PydanticBaseSettingsSource,
+    dotenv_settings: PydanticBaseSettingsSource,
+    file_secret_settings: PydanticBaseSettingsSource,
+) -> tuple[PydanticBaseSettingsSource, ...]:
+    return (init_settings, env_settings, _PyprojectSource(settings_cls))
+
+
+Settings.settings_customise_sources = classmethod(_customise)  # type: ignore[assignment,method-assign]
+
+
+def flag_of(name: str) -> str:
+    """The CLI flag of a settings field."""
+    field = Settings.model_fields[name]
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    flag = extra.get("flag")
+    return str(flag) if flag else "--" + name.replace("_", "-")
+
+
+def env_of(name: str) -> str:
+    """The environment variable of a settings field."""
+    if name == "schema_name":
+        return "DRAINER_SCHEMA"
+    return "DRAINER_" + name.upper()
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build Settings from flags (``overrides``), environment and pyproject.
+
+    A missing or invalid value raises ConfigError with one line naming the flag and
+    the variable; no input value (the DSN may hold a password) is echoed.
+    """
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = str(err["loc"][0]) if err["loc"] else "?"
+        name = _field_for_loc(loc)
+        where = f"{flag_of(name)} / {env_of(name)}" if name else loc
+        raise ConfigError(redact(f"invalid setting {where}: {err['msg']}")) from None
+    if settings.database_url is not None:
+        remember_secret(password_of(settings.database_url.get_secret_value()))
+    if settings.trigger_token is not None:
+        remember_secret(settings.trigger_token.get_secret_value())
+    return settings
+
+
+def _field_for_loc(loc: str) -> str | None:
+    fields = Settings.model_fields
+    if loc in fields:
+        return loc
+    for name, field in fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices) and loc.lower() in {
+            str(c).lower() for c in alias.choices
+        }:
+            return name
+    return None

@@ -1,0 +1,210 @@
+-- Every statement drainer sends, by name. Loaded once by drainer/queries.py.
+--
+-- {jobs}, {archive} and {migrations} are identifiers composed with psycopg.sql.Identifier;
+-- %(name)s are parameters. Statements that act on a claimed job are fenced on
+-- (id, status = 'running', attempts): a worker can only change a job it still owns,
+-- and the row count tells it whether it did.
+
+-- name: schema_version
+-- The latest migration applied to the jobs table (raises if the bookkeeping table is missing).
+SELECT max(version) AS version FROM {migrations} WHERE table_name = %(table)s;
+
+-- name: claim_batch
+-- Claim up to batch_size due jobs of one queue, in priority then run_at order, and write
+-- their lease. Committed at once (lease mode). An index scan on the claim index under
+-- LockRows and Limit: it touches only due queued rows and stops after the batch.
+WITH next AS (
+  SELECT id FROM {jobs}
+  WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
+  ORDER BY priority DESC, run_at, id
+  LIMIT %(batch_size)s
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE {jobs} j
+SET status       = 'running',
+    attempts     = j.attempts + 1,
+    locked_until = now() + make_interval(secs => %(lease)s)
+FROM next
+WHERE j.id = next.id
+RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
+          j.locked_until;
+
+-- name: complete
+-- One job succeeded.
+UPDATE {jobs}
+SET status = 'done', locked_until = NULL, finished_at = now()
+WHERE id = %(id)s AND status = 'running' AND attempts = %(attempts)s;
+
+-- name: complete_many
+-- A batch of jobs succeeded: one statement for all of them. Returns the ids written.
+UPDATE {jobs} j
+SET status = 'done', locked_until = NULL, finished_at = now()
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempts)
+WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+RETURNING j.id;
+
+-- name: delete_completed_many
+-- Like complete_many, for delete-on-complete: the row goes, no history is kept.
+DELETE FROM {jobs} j
+USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempts)
+WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+RETURNING j.id;
+
+-- name: fail_many
+-- Jobs failed: back to queued with run_at = now() + least(cap, base * 2^attempts)
+-- (20 s, 40 s, ... with the defaults), or failed for good once attempts >= max_attempts
+-- (the row's, or the task's max_attempts when it sets one).
+-- 2^attempts is bounded so that a large max_attempts cannot overflow the interval.
+UPDATE {jobs} j
+SET status       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
+                        THEN 'failed' ELSE 'queued' END,
+    run_at       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
+                        THEN j.run_at
+                        ELSE now() + least(make_interval(secs => %(retry_cap)s),
+                                           make_interval(secs => %(retry_base)s)
+                                             * 2 ^ least(j.attempts, 40)) END,
+    locked_until = NULL,
+    finished_at  = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
+                        THEN now() END,
+    last_error   = o.error
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[],
+            %(max_attempts)s::int[]) AS o(id, attempts, error, max_attempts)
+WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+RETURNING j.id, j.status, j.run_at;
+
+-- name: extend_many
+-- Heartbeat: push the lease of jobs still running. A job missing from the result is no
+-- longer ours (reaped, cancelled or finished elsewhere): its handler is told to stop.
+UPDATE {jobs} j
+SET locked_until = now() + make_interval(secs => o.lease)
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(leases)s::float8[]) AS o(id, attempts, lease)
+WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+RETURNING j.id, j.locked_until;
+
+-- name: release_many
+-- Shutdown: claimed jobs that never started go back to queued at once, and the attempt
+-- the claim counted is given back.
+UPDATE {jobs} j
+SET status = 'queued', attempts = j.attempts - 1, locked_until = NULL
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempts)
+WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+RETURNING j.id;
+
+-- name: reap_expired
+-- Expired leases (a worker died or stalled) of the given queues go back to queued, or to
+-- failed once max_attempts is reached, so a job that kills its worker cannot loop forever.
+UPDATE {jobs}
+SET status       = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
+    locked_until = NULL,
+    finished_at  = CASE WHEN attempts >= max_attempts THEN now() END,
+    last_error   = coalesce(last_error, 'lease expired')
+WHERE status = 'running' AND locked_until < now() AND queue = ANY(%(queues)s)
+RETURNING id, status, attempts;
+
+-- name: archive_delete
+-- Delete up to batch_size finished jobs of one status older than the cutoff.
+WITH doomed AS (
+  SELECT id FROM {jobs}
+  WHERE status = %(status)s AND finished_at < now() - make_interval(secs => %(older_than)s)
+  LIMIT %(batch_size)s
+)
+DELETE FROM {jobs} j USING doomed WHERE j.id = doomed.id;
+
+-- name: archive_move
+-- Move up to batch_size finished jobs of one status older than the cutoff to the archive.
+WITH doomed AS (
+  SELECT id FROM {jobs}
+  WHERE status = %(status)s AND finished_at < now() - make_interval(secs => %(older_than)s)
+  LIMIT %(batch_size)s
+), moved AS (
+  DELETE FROM {jobs} j USING doomed WHERE j.id = doomed.id
+  RETURNING j.id, j.queue, j.payload, j.status, j.run_at, j.attempts, j.max_attempts,
+            j.locked_until, j.last_error, j.created_at, j.priority, j.dedup_key, j.finished_at
+)
+INSERT INTO {archive} (id, queue, payload, status, run_at, attempts, max_attempts,
+                       locked_until, last_error, created_at, priority, dedup_key, finished_at)
+SELECT * FROM moved;
+
+-- name: queue_summary
+-- What is left for the given queues after a drain: due now, and the next run_at to come.
+SELECT count(*) FILTER (WHERE run_at <= now()) AS remaining_due,
+       min(run_at) FILTER (WHERE run_at > now()) AS next_due_at
+FROM {jobs}
+WHERE status = 'queued' AND queue = ANY(%(queues)s);
+
+-- name: table_health
+-- Dead tuples and vacuum times of the jobs table, and whether we may VACUUM it (owner).
+SELECT s.n_dead_tup, s.n_live_tup, s.last_autovacuum, s.last_vacuum,
+       pg_has_role(current_user, c.relowner, 'USAGE') AS can_vacuum
+FROM pg_class c
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.oid = %(regclass)s::regclass;
+
+-- name: enqueue
+-- One job. ON CONFLICT skips a job whose dedup_key is already queued or running.
+INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
+VALUES (%(queue)s, %(payload)s, coalesce(%(run_at)s, now()), %(priority)s, %(max_attempts)s,
+        %(dedup_key)s)
+ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
+DO NOTHING
+RETURNING id;
+
+-- name: enqueue_copy
+-- Bulk enqueue without dedup keys: COPY straight into the table.
+COPY {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key) FROM STDIN;
+
+-- name: enqueue_stage
+-- Bulk enqueue with dedup keys, step 1: a staging table that goes with the transaction.
+CREATE TEMP TABLE drainer_enqueue_stage (
+  ord bigint, queue text, payload jsonb, run_at timestamptz, priority int,
+  max_attempts int, dedup_key text
+) ON COMMIT DROP;
+
+-- name: enqueue_stage_copy
+-- Bulk enqueue with dedup keys, step 2: COPY into the staging table.
+COPY drainer_enqueue_stage (ord, queue, payload, run_at, priority, max_attempts, dedup_key)
+FROM STDIN;
+
+-- name: enqueue_stage_insert
+-- Bulk enqueue with dedup keys, step 3: insert in input order, skipping duplicates (also
+-- duplicates within the batch: the first one wins).
+INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
+SELECT queue, payload, coalesce(run_at, now()), priority, max_attempts, dedup_key
+FROM drainer_enqueue_stage
+ORDER BY ord
+ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
+DO NOTHING;
+
+-- name: status_counts
+-- Jobs by queue and status, with the oldest due job, expired leases and next due time.
+SELECT queue, status, count(*) AS jobs,
+       count(*) FILTER (WHERE status = 'queued' AND run_at <= now()) AS due,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'queued'
+                                                       AND run_at <= now()))
+         AS oldest_due_age_s,
+       min(run_at) FILTER (WHERE status = 'queued' AND run_at > now()) AS next_due_at,
+       count(*) FILTER (WHERE status = 'running' AND locked_until < now()) AS expired_leases
+FROM {jobs}
+GROUP BY queue, status
+ORDER BY queue, status;
+
+-- name: status_table
+-- Size and vacuum state of the jobs table.
+SELECT pg_total_relation_size(c.oid) AS total_bytes,
+       pg_relation_size(c.oid) AS table_bytes,
+       pg_indexes_size(c.oid) AS index_bytes,
+       s.n_live_tup, s.n_dead_tup, s.last_autovacuum, s.last_vacuum, s.last_autoanalyze,
+       s.autovacuum_count, s.vacuum_count
+FROM pg_class c
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.oid = %(regclass)s::regclass;
+
+-- name: status_failed_errors
+-- The dead-letter queue: most common last_error of failed jobs, per queue.
+SELECT queue, left(split_part(coalesce(last_error, ''), E'\n', 1), 200) AS error,
+       count(*) AS jobs
+FROM {jobs}
+WHERE status = 'failed'
+GROUP BY 1, 2
+ORDER BY jobs DESC
+LIMIT 10;

@@ -1,0 +1,123 @@
+"""``drainer status``: what the queue is doing, from one connection and a few statements."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from typing import Any
+
+from drainer.settings import Settings
+
+
+def collect_status(settings: Settings) -> dict[str, Any]:
+    """Counts by queue and status, due work, expired leases, dead letters, table health."""
+    from drainer.db import Queries, connect
+    from drainer.migrate import check_schema
+
+    with connect(settings) as conn:
+        q = Queries(conn, settings.schema_name, settings.table)
+        version = check_schema(q)
+        rows = q.fetch_dicts("status_counts")
+        table = q.fetch_dicts("status_table", {"regclass": q.regclass})
+        errors = q.fetch_dicts("status_failed_errors")
+    queues: dict[str, dict[str, Any]] = defaultdict(lambda: {
+        "queued": 0, "running": 0, "done": 0, "failed": 0, "due": 0,
+        "oldest_due_age_s": None, "next_due_at": None, "expired_leases": 0,
+        "top_failed_error": None,
+    })
+    for r in rows:
+        qd = queues[r["queue"]]
+        qd[r["status"]] = r["jobs"]
+        qd["due"] += r["due"]
+        qd["expired_leases"] += r["expired_leases"]
+        if r["oldest_due_age_s"] is not None:
+            qd["oldest_due_age_s"] = round(float(r["oldest_due_age_s"]), 3)
+        if r["next_due_at"] is not None:
+            qd["next_due_at"] = r["next_due_at"].isoformat()
+    for e in errors:
+        qd = queues[e["queue"]]
+        if qd["top_failed_error"] is None:
+            qd["top_failed_error"] = {"error": e["error"], "jobs": e["jobs"]}
+    totals = {s: sum(q[s] for q in queues.values())
+              for s in ("queued", "running", "done", "failed", "due", "expired_leases")}
+    ages = [q["oldest_due_age_s"] for q in queues.values() if q["oldest_due_age_s"] is not None]
+    nexts = [q["next_due_at"] for q in queues.values() if q["next_due_at"] is not None]
+    t = table[0] if table else {}
+    return {
+        "schema": settings.schema_name,
+        "table": settings.table,
+        "schema_version": version,
+        "queues": dict(sorted(queues.items())),
+        "totals": totals,
+        "oldest_due_age_s": max(ages) if ages else None,
+        "expired_leases": totals["expired_leases"],
+        "next_due_at": min(nexts) if nexts else None,
+        "table_bytes": t.get("table_bytes"),
+        "index_bytes": t.get("index_bytes"),
+        "total_bytes": t.get("total_bytes"),
+        "n_live_tup": t.get("n_live_tup"),
+        "n_dead_tup": t.get("n_dead_tup"),
+        "last_autovacuum": _iso(t.get("last_autovacuum")),
+        "last_vacuum": _iso(t.get("last_vacuum")),
+        "last_autoanalyze": _iso(t.get("last_autoanalyze")),
+    }
+
+
+def _iso(value: Any) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+def render_status(st: dict[str, Any]) -> str:
+    lines = [f"jobs table {st['schema']}.{st['table']} (schema version {st['schema_version']})",
+             ""]
+    header = ("queue", "queued", "due", "running", "done", "failed", "oldest due", "expired")
+    table = [header]
+    for name, q in st["queues"].items():
+        age = q["oldest_due_age_s"]
+        table.append((name, str(q["queued"]), str(q["due"]), str(q["running"]), str(q["done"]),
+                      str(q["failed"]), "-" if age is None else f"{age:.0f}s",
+                      str(q["expired_leases"])))
+    if len(table) == 1:
+        lines.append("(no jobs)")
+    else:
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        for row in table:
+            lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                   for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+    lines.append("")
+    lines.append(f"next due:        {st['next_due_at'] or '-'}")
+    lines.append(f"expired leases:  {st['expired_leases']} (the next run's reaper returns them)")
+    for name, q in st["queues"].items():
+        if q["top_failed_error"]:
+            e = q["top_failed_error"]
+            lines.append(f"dead letters {name}: {q['failed']} failed, most common: "
+                         f"{e['error']!r} ({e['jobs']})")
+    lines.append(f"table size:      {_size(st['table_bytes'])} + indexes "
+                 f"{_size(st['index_bytes'])}")
+    lines.append(f"dead tuples:     {st['n_dead_tup']} (live {st['n_live_tup']})")
+    lines.append(f"last autovacuum: {st['last_autovacuum'] or 'never'}; last vacuum: "
+                 f"{st['last_vacuum'] or 'never'}")
+    return "\n".join(lines)
+
+
+def status_command(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    st = collect_status(settings)
+    if args.json:
+        sys.stdout.write(json.dumps(st, default=str) + "\n")
+    else:
+        sys.stdout.write(render_status(st) + "\n")
+    return 0
