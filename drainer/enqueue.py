@@ -34,7 +34,7 @@ class EnqueueResult:
 
 
 def _q(name: str, schema: str, table: str) -> sql.Composed:
-    return sql.SQL(QUERIES[name]).format(**identifiers(schema, table))  # type: ignore[arg-type]
+    return sql.SQL(QUERIES[name]).format(**identifiers(schema, table))
 
 
 def _check(queue: str, max_attempts: int) -> None:

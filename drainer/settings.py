@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -70,7 +71,7 @@ QueueList = Annotated[list[str] | None, BeforeValidator(_split_list)]
 
 def _opt(default: Any, description: str, *scopes: str, **kw: Any) -> Any:
     """A field with its description and the CLI scopes (sets of commands) that take it."""
-    extra = {"scopes": list(scopes)}
+    extra: dict[str, Any] = {"scopes": list(scopes)}
     extra.update(kw.pop("json_schema_extra", {}))
     return Field(default, description=description, json_schema_extra=extra, **kw)
 
@@ -281,9 +282,9 @@ def _read_pyproject(settings_cls: type[BaseSettings]) -> dict[str, Any]:
     path = Path(os.environ.get("DRAINER_PYPROJECT", "pyproject.toml"))
     if not path.is_file():
         return {}
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    else:  # pragma: no cover
         import tomli as tomllib
     try:
         with path.open("rb") as f:

@@ -1,0 +1,113 @@
+"""Shared fixtures: a real PostgreSQL, and a schema of its own for every test.
+
+The server: $DRAINER_TEST_DATABASE_URL if set; else the one on 127.0.0.1:5432 if it
+answers; else a throwaway embedded PostgreSQL started for the session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from drainer.migrate import migrate
+from drainer.registry import Registry
+from drainer.settings import Settings, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _reachable(url: str) -> bool:
+    try:
+        psycopg.connect(url, connect_timeout=3).close()
+    except psycopg.Error:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    url = os.environ.get("DRAINER_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    if _reachable(LOCAL_URL):
+        yield LOCAL_URL
+        return
+    from drainer._embedded import embedded_postgres
+
+    with embedded_postgres() as embedded_url:
+        yield embedded_url
+
+
+@pytest.fixture
+def schema(pg_url: str) -> Iterator[str]:
+    """A fresh schema name, dropped (with everything in it) after the test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE pid <> pg_backend_pid() AND datname = current_database() "
+                     "AND application_name LIKE 'drainer%%' AND state = 'idle in transaction'")
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def make_settings(pg_url: str, schema: str, **kw: Any) -> Settings:
+    base: dict[str, Any] = {"database_url": pg_url, "schema_name": schema,
+                            "connect_retries": 0, "connect_timeout": 3}
+    base.update(kw)
+    return load_settings(**base)
+
+
+@pytest.fixture
+def settings(pg_url: str, schema: str) -> Settings:
+    return make_settings(pg_url, schema)
+
+
+@pytest.fixture
+def conn(pg_url: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+def migrated(settings: Settings, conn: psycopg.Connection[Any]) -> Settings:
+    migrate(conn, settings.schema_name, settings.table)
+    return settings
+
+
+@pytest.fixture
+def registry() -> Registry:
+    return Registry()
+
+
+def cli_env(pg_url: str | None, schema: str | None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("DRAINER_") and k != "DATABASE_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "apps"), str(ROOT)])
+    env["DRAINER_CONNECT_RETRIES"] = "0"
+    if pg_url is not None:
+        env["DRAINER_DATABASE_URL"] = pg_url
+    if schema is not None:
+        env["DRAINER_SCHEMA"] = schema
+    env.update(extra)
+    return env
+
+
+def run_cli(args: list[str], *, pg_url: str | None, schema: str | None, input: str | None = None,
+            timeout: float = 120, cwd: Path | None = None, **env: str
+            ) -> subprocess.CompletedProcess[str]:
+    """Run the real ``drainer`` command as a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "drainer", *args], input=input, capture_output=True,
+        text=True, timeout=timeout, env=cli_env(pg_url, schema, **env), cwd=cwd or ROOT,
+    )
