@@ -33,11 +33,12 @@ def fire(settings: Settings, timeout: float = TRIGGER_TIMEOUT_S) -> bool:
                            f"Bearer {settings.trigger_token.get_secret_value()}")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            ok = 200 <= response.status < 300
+            status: int = response.status
+            ok = 200 <= status < 300
     except (urllib.error.URLError, OSError, ValueError) as exc:
         logger.warning("drain trigger to %s failed (the job is queued; the next drain takes "
                        "it): %s", redact(url), redact(str(exc)))
         return False
     if not ok:
-        logger.warning("drain trigger to %s answered %s", redact(url), response.status)
+        logger.warning("drain trigger to %s answered %s", redact(url), status)
     return ok
