@@ -36,9 +36,10 @@ def start_schedule(pg_url: str, schema: str, *args: str) -> subprocess.Popen[str
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def stop(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str, str]:
+def stop(proc: subprocess.Popen[str], timeout: float = 30,
+         sig: signal.Signals = signal.SIGTERM) -> tuple[int, str, str]:
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
 
@@ -266,3 +267,43 @@ def test_audit_next_to_schedule_comes_out_clean(pg_url: str, jobs_schema: str,
     assert ours, "the audit never saw the schedule's drain"
     assert not any(s["keeps_awake"] for s in ours)
     assert not any(c["keeps_awake"] for c in result["reconnecting_clients"])
+
+
+def test_default_max_runtime_is_half_the_interval(pg_url: str, jobs_schema: str,
+                                                  conn: psycopg.Connection[Any]) -> None:
+    for _ in range(8):
+        add(conn, jobs_schema, "sleepy", {"sleep": 0.5})
+    proc = start_schedule(pg_url, jobs_schema, "--interval", "3", "--idle-timeout", "1",
+                          "--batch-size", "1")
+    try:
+        assert wait_for(lambda: len(notes(conn, jobs_schema)) >= 2, 20)
+        time.sleep(2.5)
+    finally:
+        code, out, err = stop(proc)
+    assert code == 0, err
+    first = reports(out)[0]
+    assert first["stopped_by"] == "max_runtime" and first["deadline_hit"] is True
+    assert 1.5 <= first["duration_s"] < 3.0
+    assert first["remaining_due"] > 0
+
+
+def test_a_failing_run_does_not_stop_the_schedule() -> None:
+    env = cli_env(UNREACHABLE, None, DRAINER_APP="sample_jobs", DRAINER_LOG_FORMAT="json",
+                  DRAINER_CONNECT_TIMEOUT="1")
+    proc = subprocess.Popen([sys.executable, "-m", "drainer", "schedule", "--interval", "1",
+                             "--idle-timeout", "0.5"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(3.5)
+    code, out, err = stop(proc, sig=signal.SIGINT)
+    assert code == 0, err
+    assert any("received SIGINT" in r["msg"] for r in log_lines(err))
+    failures = [r for r in log_lines(err) if r["msg"].startswith("run failed")]
+    assert len(failures) >= 2  # it kept waking
+    assert "secret" not in out + err
+
+
+def test_no_handlers_is_refused_at_start_without_connecting() -> None:
+    proc = run_cli(["schedule", "--interval", "600", "--platform", "neon"],
+                   pg_url=UNREACHABLE, schema=None, timeout=30)
+    assert proc.returncode == 2
+    assert "no handlers registered" in proc.stderr

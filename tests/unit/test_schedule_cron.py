@@ -147,3 +147,15 @@ def test_awake_estimate_cron_merges_close_wakes() -> None:
         NEON, None, now=NOW)
     assert est.wakes_per_day == pytest.approx(2)
     assert est.low_s_per_day == pytest.approx(420)
+
+
+def test_interval_jitter_only_delays() -> None:
+    trig = WakeSchedule(interval=10, jitter=5, timezone=UTC).trigger()
+    gaps = []
+    prev = NOW
+    for _ in range(200):
+        nxt = trig.get_next_fire_time(prev, prev)
+        gaps.append((nxt - prev).total_seconds())
+        prev = nxt
+    assert min(gaps) >= 10 and max(gaps) <= 15
+    assert max(gaps) - min(gaps) > 1  # it does vary
