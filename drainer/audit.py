@@ -48,12 +48,15 @@ logger = logging.getLogger(__name__)
 # queries.sql). clock_timestamp() is the sample's time on the server's clock, the clock
 # of state_change and the other timestamps.
 SAMPLE_SQL = """
-SELECT clock_timestamp() AS sampled_at, pid, backend_start, backend_type, datname, usename,
+SELECT clock_timestamp() AS sampled_at, pid, backend_start,
+       coalesce(backend_type, 'unknown') AS backend_type, datname, usename,
        application_name, host(client_addr) AS client_addr, state, state_change,
        query_start, xact_start, left(query, %(query_chars)s) AS query
 FROM pg_stat_activity
 WHERE pid <> pg_backend_pid()
-  AND backend_type IN ('client backend', 'autovacuum worker', 'walsender')
+  AND (backend_type IN ('client backend', 'autovacuum worker', 'walsender')
+       -- another role's session, hidden without pg_read_all_stats: reported as such
+       OR (backend_type IS NULL AND datname IS NOT NULL))
   AND (%(databases)s::text[] IS NULL OR datname = ANY(%(databases)s::text[]))
   AND (%(users)s::text[] IS NULL OR usename = ANY(%(users)s::text[]))
   AND (%(applications)s::text[] IS NULL OR application_name LIKE ANY(%(applications)s::text[]))
@@ -73,6 +76,9 @@ POLL_MIN_QUERIES = 3
 POLL_STILL_GOING_PERIODS = 2.0
 #: A client "reconnects" when at least this many of its connections began during the audit.
 RECONNECT_MIN_NEW = 2
+
+#: What pg_stat_activity shows instead of another role's query without pg_read_all_stats.
+HIDDEN_QUERY = "<insufficient privilege>"
 
 _NON_IDLE = {"active", "idle in transaction", "idle in transaction (aborted)",
              "fastpath function call"}
@@ -277,13 +283,15 @@ class _Track:
 
 def _activity_of(row: SessionRow, at: datetime) -> datetime | None:
     """When this row says the compute last had activity from this session."""
+    if row.query == HIDDEN_QUERY and row.state is None:
+        return None  # another role's session we may not look into
     if row.backend_type != "client backend":
         return at  # autovacuum worker, walsender: activity now
     if row.state in _NON_IDLE:
         return at
     if row.state == "idle":
         return row.state_change
-    return row.backend_start  # state unknown (e.g. still authenticating)
+    return row.backend_start  # state unknown: still starting, or hidden from us
 
 
 def shorten(query: str | None, limit: int = SHOWN_QUERY_CHARS) -> str | None:
@@ -375,6 +383,10 @@ def judge(activity: Activity, idle: IdleTimeout) -> AuditResult:
             verdict = (f"could suspend: nothing keeps it awake; with no new activity it "
                        f"suspends at about {suspend_at.isoformat(timespec='seconds')} "
                        f"({fmt_seconds(idle.seconds)} idle timeout, {idle.source})")
+    hidden = sum(1 for s in sessions if s.reason.startswith("hidden"))
+    if hidden:
+        verdict += (f"; {hidden} session(s) of other roles were hidden from this user, "
+                    "grant it pg_read_all_stats to judge them")
     return AuditResult(
         could_suspend=could, verdict=verdict, idle_timeout_s=idle.seconds,
         idle_timeout_source=idle.source, started_at=start.isoformat(),
@@ -420,7 +432,9 @@ def _judge_session(tr: _Track, at_end: bool, end: datetime, idle: IdleTimeout,
     what = "health checks" if health else "polls"
     keeps, reason = False, ""
     idle_s = idle.seconds
-    if row.backend_type == "autovacuum worker":
+    if row.state is None and row.query == HIDDEN_QUERY:
+        reason = "hidden: its state needs pg_read_all_stats (or a superuser) to be seen"
+    elif row.backend_type == "autovacuum worker":
         keeps, reason = at_end, "autovacuum" if at_end else "autovacuum (finished)"
     elif row.backend_type == "walsender":
         keeps, reason = at_end, "replication" if at_end else "replication (ended)"

@@ -169,3 +169,25 @@ def test_cli_bad_duration_is_one_line(pg_url: str) -> None:
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 2
     assert err.strip().count("\n") == 0 and "--duration" in err
+
+
+def test_an_unprivileged_user_is_told_what_it_cannot_see(pg_url: str, schema: str,
+                                                        sessions: Sessions) -> None:
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    role = f"{schema}_audit"
+    target = sessions.connect("idle", autocommit=True)
+    target.execute("SELECT 1")
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        settings = make_settings(make_conninfo(pg_url, user=role), schema)
+        result = audit(settings, duration=1, idle=IDLE,
+                       filters=SessionFilter(pids=[target.info.backend_pid]))
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    (s,) = result.sessions
+    assert s.pid == target.info.backend_pid and s.reason.startswith("hidden")
+    assert "pg_read_all_stats" in result.verdict

@@ -170,3 +170,14 @@ def test_covered_seconds_merges_overlaps() -> None:
     assert covered_seconds([0, 1, 10], 3, 0, 20) == 7
     assert covered_seconds([0, 1, 10], 3, 2, 11) == 3
     assert covered_seconds([], 3, 0, 20) == 0
+
+
+def test_sessions_hidden_from_an_unprivileged_user_are_said_to_be() -> None:
+    # what PostgreSQL 15 shows: pid, database and user, nothing else
+    hidden = SessionRow(5, None, "unknown", "db", "bob", "", None, None, None, None, None,
+                        "<insufficient privilege>")
+    r = judge(activity({t: [hidden] for t in ticks()}), IDLE3)
+    (s,) = r.sessions
+    assert s.reason.startswith("hidden") and not s.keeps_awake
+    assert "pg_read_all_stats" in r.verdict
+    assert r.awake_s == 0.0
