@@ -64,6 +64,19 @@ WHERE pid <> pg_backend_pid()
 ORDER BY pid
 """
 
+# Connections opened and closed between two samples never show in pg_stat_activity; the
+# per-database count of sessions does (PostgreSQL 15+: pg_stat_force_next_flush() makes the
+# audit's own counts exact, so they can be told apart).
+COUNTERS_SQL = """
+SELECT clock_timestamp() AS sampled_at, datname, sessions,
+       pg_stat_force_next_flush() IS NULL AS flushed
+FROM pg_stat_database
+WHERE datname IS NOT NULL
+  AND (%(databases)s::text[] IS NULL OR datname = ANY(%(databases)s::text[]))
+"""
+#: PostgreSQL version from which the session counters are used.
+COUNTERS_MIN_SERVER = 150000
+
 #: The platforms' monitors look every 0.5 s; so does the audit.
 SAMPLE_INTERVAL_S = 0.5
 DEFAULT_DURATION_S = 60.0
@@ -126,21 +139,27 @@ class SessionRow:
 
 @dataclass(frozen=True)
 class Sample:
-    """What pg_stat_activity showed at one instant (server clock)."""
+    """What pg_stat_activity showed at one instant (server clock), and the number of
+    sessions ever opened per database (None when the counters are not used)."""
 
     at: datetime
     rows: tuple[SessionRow, ...]
+    sessions: dict[str, int] | None = None
 
 
 @dataclass
 class Activity:
-    """The raw samples of one audit, for :func:`judge` (or a benchmark) to read."""
+    """The raw samples of one audit, for :func:`judge` (or a benchmark) to read.
+
+    ``counters`` says whether ``Sample.sessions`` is filled, or why not.
+    """
 
     samples: list[Sample]
     started_at: datetime
     ended_at: datetime
     interval_s: float
     filters: SessionFilter
+    counters: str = "off"
 
 
 def sample_activity(settings: Settings, *, duration: float = DEFAULT_DURATION_S,
@@ -163,10 +182,14 @@ def sample_activity(settings: Settings, *, duration: float = DEFAULT_DURATION_S,
     samples: list[Sample] = []
     params = filters.params()
     try:
+        counters = _counters_mode(conn, filters)
+        use_counters = counters == "on"
+        if use_counters:
+            conn.execute("SELECT pg_stat_force_next_flush()")  # our own connect, counted now
         begin = time.monotonic()
         k = 0
         while True:
-            samples.append(_take_sample(conn, params))
+            samples.append(_take_sample(conn, params, use_counters))
             k += 1
             if stop.is_set():
                 break
@@ -174,21 +197,39 @@ def sample_activity(settings: Settings, *, duration: float = DEFAULT_DURATION_S,
             if next_at - begin > duration + 1e-9:
                 break
             if stop.wait(max(0.0, next_at - time.monotonic())):
-                samples.append(_take_sample(conn, params))
+                samples.append(_take_sample(conn, params, use_counters))
                 break
     finally:
         if own:
             conn.close()
-    return Activity(samples, samples[0].at, samples[-1].at, interval, filters)
+    return Activity(samples, samples[0].at, samples[-1].at, interval, filters, counters)
 
 
-def _take_sample(conn: psycopg.Connection[Any], params: dict[str, Any]) -> Sample:
-    rows = conn.execute(SAMPLE_SQL, params).fetchall()
-    if not rows:
-        at = conn.execute("SELECT clock_timestamp()").fetchone()
-        assert at is not None
-        return Sample(at[0], ())
-    return Sample(rows[0][0], tuple(SessionRow(*r[1:]) for r in rows))
+def _counters_mode(conn: psycopg.Connection[Any], filters: SessionFilter) -> str:
+    if filters.users or filters.application_names or filters.pids:
+        return "off: pg_stat_database cannot be filtered by user, application or pid"
+    if conn.info.server_version < COUNTERS_MIN_SERVER:
+        return "unavailable: needs PostgreSQL 15 (pg_stat_force_next_flush)"
+    return "on"
+
+
+def _take_sample(conn: psycopg.Connection[Any], params: dict[str, Any],
+                 counters: bool) -> Sample:
+    # one transaction a sample: one snapshot, and exactly one transaction of our own
+    with conn.transaction():
+        rows = conn.execute(SAMPLE_SQL, params).fetchall()
+        sessions: dict[str, int] | None = None
+        at: datetime | None = rows[0][0] if rows else None
+        if counters:
+            crow = conn.execute(COUNTERS_SQL, params).fetchall()
+            sessions = {r[1]: int(r[2] or 0) for r in crow}
+            at = at or (crow[0][0] if crow else None)
+        if at is None:
+            one = conn.execute("SELECT clock_timestamp()").fetchone()
+            assert one is not None
+            at = one[0]
+    assert at is not None
+    return Sample(at, tuple(SessionRow(*r[1:]) for r in rows), sessions)
 
 
 # -- judging --------------------------------------------------------------------------------------
@@ -235,6 +276,19 @@ class ClientFinding:
 
 
 @dataclass
+class UnseenFinding:
+    """Connections to one database that opened and closed between two samples: only the
+    database's session counter saw them. Each is activity (when it was counted)."""
+
+    database: str
+    connections: int
+    interval_s: float | None
+    keeps_awake: bool
+    reason: str
+    counted_at: list[str]
+
+
+@dataclass
 class AuditResult:
     """The verdict of an audit: could the compute suspend, and what keeps it awake."""
 
@@ -254,13 +308,16 @@ class AuditResult:
     awake_s: float
     sessions: list[SessionFinding]
     reconnecting_clients: list[ClientFinding]
+    unseen_connections: list[UnseenFinding]
+    counters: str
     filters: dict[str, Any]
     activity_times: list[str] = field(default_factory=list, repr=False)
 
     @property
-    def keeping_awake(self) -> list[SessionFinding | ClientFinding]:
-        return [s for s in self.sessions if s.keeps_awake] + [
-            c for c in self.reconnecting_clients if c.keeps_awake]
+    def keeping_awake(self) -> list[SessionFinding | ClientFinding | UnseenFinding]:
+        return [*(s for s in self.sessions if s.keeps_awake),
+                *(c for c in self.reconnecting_clients if c.keeps_awake),
+                *(u for u in self.unseen_connections if u.keeps_awake)]
 
     def as_dict(self, *, with_activity_times: bool = False) -> dict[str, Any]:
         out = asdict(self)
@@ -348,8 +405,9 @@ def judge(activity: Activity, idle: IdleTimeout) -> AuditResult:
     sessions = [_judge_session(tr, tr_key in last_sample_keys, end, idle, activity.interval_s)
                 for tr_key, tr in sorted(tracks.items(), key=lambda kv: kv[1].first_seen)]
     clients = _judge_clients(tracks, start, end, idle)
+    unseen, unseen_times = _judge_unseen(activity, tracks, end, idle)
 
-    instants = sorted({t for tr in tracks.values() for t in tr.activity})
+    instants = sorted({t for tr in tracks.values() for t in tr.activity} | unseen_times)
     gap, gap_from, gap_to = _longest_quiet_gap(instants, start, end)
     inside_gap = _longest_quiet_gap([t for t in instants if t > start], start, end)[0]
     last_activity = max((t for t in instants if t <= end), default=None)
@@ -357,15 +415,17 @@ def judge(activity: Activity, idle: IdleTimeout) -> AuditResult:
     awake = (window if idle.never_suspends else covered_seconds(
         [t.timestamp() for t in instants], idle.seconds, start.timestamp(), end.timestamp()))
 
-    keeping = [s for s in sessions if s.keeps_awake] + [c for c in clients if c.keeps_awake]
+    keeping = [*(s for s in sessions if s.keeps_awake), *(c for c in clients if c.keeps_awake),
+               *(u for u in unseen if u.keeps_awake)]
     suspend_at: datetime | None = None
     if idle.never_suspends:
         could, verdict = False, (f"the compute never suspends ({idle.source}): nothing to "
                                  "keep asleep")
     elif keeping:
         could = False
-        verdict = (f"keeps the compute awake: {len(keeping)} of {len(sessions)} session(s)"
-                   f"{'/clients' if clients else ''} with a {fmt_seconds(idle.seconds)} "
+        verdict = (f"keeps the compute awake: {len(keeping)} of "
+                   f"{len(sessions) + len(clients) + len(unseen)} session(s)/clients "
+                   f"with a {fmt_seconds(idle.seconds)} "
                    f"idle timeout ({idle.source}); longest quiet gap "
                    f"{fmt_seconds(gap)}")
     elif window >= idle.seconds and inside_gap < idle.seconds:
@@ -395,6 +455,7 @@ def judge(activity: Activity, idle: IdleTimeout) -> AuditResult:
         longest_quiet_gap_from=_iso(gap_from), longest_quiet_gap_to=_iso(gap_to),
         last_activity_at=_iso(last_activity), suspend_estimate_at=_iso(suspend_at),
         awake_s=round(awake, 3), sessions=sessions, reconnecting_clients=clients,
+        unseen_connections=unseen, counters=activity.counters,
         filters=activity.filters.as_dict(),
         activity_times=[t.isoformat() for t in instants],
     )
@@ -514,6 +575,58 @@ def _judge_clients(tracks: dict[tuple[int, datetime | None], _Track], start: dat
     return out
 
 
+def _judge_unseen(activity: Activity, tracks: dict[tuple[int, datetime | None], _Track],
+                  end: datetime, idle: IdleTimeout
+                  ) -> tuple[list[UnseenFinding], set[datetime]]:
+    """Connections the session counters saw and the samples did not, per database.
+
+    New sessions counted since the first sample, minus the new backends the samples
+    showed: what is left opened and closed between two samples (a cron job's psql, a
+    client that connects for each poll). Each is placed at the sample that counted it.
+    """
+    with_counts = [s for s in activity.samples if s.sessions is not None]
+    if len(with_counts) < 2:
+        return [], set()
+    first = with_counts[0]
+    assert first.sessions is not None
+    start = first.at
+    new_backends = sorted(
+        (tr.first_seen, tr.first.datname) for tr in tracks.values()
+        if tr.first.backend_start is not None and tr.first.backend_start > start
+        and tr.first.backend_type == "client backend")
+    out: list[UnseenFinding] = []
+    times: set[datetime] = set()
+    for dbname in sorted(first.sessions):
+        base = first.sessions[dbname]
+        high = 0
+        counted: list[datetime] = []
+        for sample in with_counts[1:]:
+            assert sample.sessions is not None
+            opened = sample.sessions.get(dbname, base) - base
+            seen = sum(1 for at, d in new_backends if d == dbname and at <= sample.at)
+            unseen = max(0, opened - seen)
+            if unseen > high:
+                counted.extend([sample.at] * (unseen - high))
+                high = unseen
+        if not counted:
+            continue
+        distinct = sorted(set(counted))
+        period = _period(distinct) if len(distinct) >= RECONNECT_MIN_NEW else None
+        recent = period is not None and (end - distinct[-1]).total_seconds() <= max(
+            POLL_STILL_GOING_PERIODS * period, period + 1.0)
+        keeps = bool(recent and period is not None and
+                     (idle.never_suspends or period < idle.seconds))
+        reason = (f"{len(counted)} short connection(s) between samples"
+                  + ("" if period is None else f", about every {_fmt_every(period)}"))
+        if period is not None and not keeps:
+            reason += " (less often than the idle timeout)" if recent else " (stopped)"
+        out.append(UnseenFinding(dbname, len(counted), None if period is None else
+                                 round(period, 3), keeps, reason,
+                                 [t.isoformat() for t in distinct]))
+        times.update(distinct)
+    return out, times
+
+
 def audit(settings: Settings, *, duration: float = DEFAULT_DURATION_S,
           filters: SessionFilter | None = None, idle: IdleTimeout | None = None,
           stop: threading.Event | None = None) -> AuditResult:
@@ -533,6 +646,9 @@ def format_table(result: AuditResult) -> str:
         rows.append([f"{len(c.pids)} pids", c.application_name or "", c.user or "",
                      c.database or "", c.client_addr or "local", "(reconnecting)",
                      "client backend", "YES" if c.keeps_awake else "no", c.reason, ""])
+    for u in sorted(result.unseen_connections, key=lambda u: not u.keeps_awake):
+        rows.append(["-", "(unseen)", "", u.database, "", "(short connections)", "",
+                     "YES" if u.keeps_awake else "no", u.reason, ""])
     for s in sorted(result.sessions, key=lambda s: (not s.keeps_awake, s.pid)):
         if s.pid in folded and s.backend_type == "client backend":
             continue
@@ -556,6 +672,8 @@ def format_table(result: AuditResult) -> str:
         out.extend(lines)
     else:
         out.append("no sessions seen (other than the audit's own)")
+    if result.counters != "on":
+        out.append(f"connections shorter than a sample: not counted ({result.counters})")
     out.append(f"longest quiet gap: {fmt_seconds(result.longest_quiet_gap_s)}"
                + (f" (from {result.longest_quiet_gap_from})"
                   if result.longest_quiet_gap_from else ""))

@@ -378,12 +378,14 @@ def run_schedule(settings: Settings, wakes: WakeSchedule, *, stop: threading.Eve
     if wakes.interval is not None:
         first["next_run_time"] = datetime.now(wakes.tz)
     scheduler.add_job(runner, wakes.trigger(), id=JOB_ID, name="drain", **first)
+    if wakes.interval is not None:
+        logger.info("scheduled: %s", wakes.describe())
+    else:
+        nxt = wakes.next_wakes(1)
+        logger.info("scheduled: %s; next wake %s", wakes.describe(),
+                    nxt[0].isoformat() if nxt else "never")
     scheduler.start()
     try:
-        job = scheduler.get_job(JOB_ID)
-        if job is not None and job.next_run_time is not None:
-            logger.info("scheduled: %s; next wake %s", wakes.describe(),
-                        job.next_run_time.isoformat())
         while not stop.wait(0.5):
             pass
     finally:

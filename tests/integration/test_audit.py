@@ -191,3 +191,54 @@ def test_an_unprivileged_user_is_told_what_it_cannot_see(pg_url: str, schema: st
     (s,) = result.sessions
     assert s.pid == target.info.backend_pid and s.reason.startswith("hidden")
     assert "pg_read_all_stats" in result.verdict
+
+
+@pytest.fixture
+def own_database(pg_url: str, schema: str) -> Iterator[str]:
+    from psycopg import sql
+
+    name = f"{schema}_db"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))
+
+
+def test_connections_too_short_for_any_sample_are_caught(pg_url: str, schema: str,
+                                                         own_database: str) -> None:
+    from psycopg.conninfo import make_conninfo
+
+    url = make_conninfo(pg_url, dbname=own_database)
+    with psycopg.connect(pg_url) as c:
+        if c.info.server_version < 150000:
+            pytest.skip("session counters need PostgreSQL 15")
+    stop = threading.Event()
+
+    def cron_like() -> None:  # connect, one query, disconnect: a few ms every second
+        while not stop.is_set():
+            with psycopg.connect(url, autocommit=True) as c:
+                c.execute("SELECT 1")
+            stop.wait(1.0)
+
+    t = threading.Thread(target=cron_like, daemon=True)
+    t.start()
+    try:
+        # the audit connects to another database: nothing of its own in the counts
+        result = audit(make_settings(pg_url, schema), duration=5, idle=IDLE,
+                       filters=SessionFilter(databases=[own_database]))
+    finally:
+        stop.set()
+        t.join(timeout=5)
+    assert result.counters == "on"
+    (u,) = result.unseen_connections
+    assert u.database == own_database and u.connections >= 3
+    assert u.keeps_awake and u.interval_s is not None and 0.8 <= u.interval_s <= 1.6
+    assert not result.could_suspend
+
+    # and nothing at all once it has stopped: the audit's own connection is not counted
+    quiet = audit(make_settings(url, schema), duration=2, idle=IDLE,
+                  filters=SessionFilter(databases=[own_database]))
+    assert quiet.unseen_connections == [] and quiet.sessions == []
+    assert quiet.could_suspend

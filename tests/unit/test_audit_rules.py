@@ -181,3 +181,34 @@ def test_sessions_hidden_from_an_unprivileged_user_are_said_to_be() -> None:
     assert s.reason.startswith("hidden") and not s.keeps_awake
     assert "pg_read_all_stats" in r.verdict
     assert r.awake_s == 0.0
+
+
+def test_connections_between_samples_are_counted() -> None:
+    # a client connecting every 2 s for a few ms: never in a sample, only in the counter
+    samples = []
+    for t in ticks(8):
+        opened = int((t + 1.75) // 2)  # connections at 0.25, 2.25, 4.25, 6.25
+        samples.append(Sample(at(t), (), {"app": 100 + opened, "other": 7}))
+    act = Activity(samples, samples[0].at, samples[-1].at, 0.5, SessionFilter(), "on")
+    r = judge(act, IDLE3)
+    (u,) = r.unseen_connections
+    assert u.database == "app" and u.connections == 4
+    assert u.keeps_awake and u.reason == "4 short connection(s) between samples, about " \
+        "every 2.0 s"
+    assert u.counted_at[0] == at(0.5).isoformat()  # the sample after it
+    assert not r.could_suspend
+    assert "(unseen)" in format_table(r)
+    # with a 1 s idle timeout the same client lets the compute suspend between connections
+    r1 = judge(act, IdleTimeout(1.0, "--idle-timeout"))
+    assert r1.could_suspend and not r1.unseen_connections[0].keeps_awake
+
+
+def test_connections_the_samples_saw_are_not_counted_twice() -> None:
+    samples = []
+    for t in ticks(4):
+        rows = (row(9, changed=1.1, started=1.0),) if 1.0 <= t <= 2.0 else ()
+        samples.append(Sample(at(t), rows, {"db": 50 + (1 if t >= 1.5 else 0)}))
+    r = judge(Activity(samples, samples[0].at, samples[-1].at, 0.5, SessionFilter(), "on"),
+              IDLE3)
+    assert r.unseen_connections == []
+    assert len(r.sessions) == 1
