@@ -658,7 +658,7 @@ def format_table(result: AuditResult) -> str:
                      s.reason, s.query or ""])
     head = ["PID", "APPLICATION", "USER", "DATABASE", "CLIENT", "STATE", "TYPE", "AWAKE",
             "WHY", "QUERY"]
-    caps = [10, 32, 16, 16, 15, 20, 18, 5, 48, SHOWN_QUERY_CHARS]
+    caps = [10, 32, 16, 16, 15, 20, 18, 5, 72, SHOWN_QUERY_CHARS]
     table = [head, *rows]
     cells = [[c if len(c) <= cap else c[: cap - 1] + "…" for c, cap in zip(r, caps,
                                                                             strict=True)]
