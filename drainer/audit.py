@@ -510,7 +510,7 @@ def _judge_session(tr: _Track, at_end: bool, end: datetime, idle: IdleTimeout,
         else:
             reason = f"{what} about every {_fmt_every(period)}"
         if not keeps:
-            reason += " (less often than the idle timeout)"
+            reason += " (slower than the idle timeout)"
     elif at_end and row.state in _NON_IDLE:
         keeps = True
         reason = "active query" if row.state == "active" else str(row.state)
@@ -563,7 +563,7 @@ def _judge_clients(tracks: dict[tuple[int, datetime | None], _Track], start: dat
         every = "" if period is None else f" about every {_fmt_every(period)}"
         reason = f"reconnects{every} ({len(new)} new connections)"
         if period is not None and not keeps and recent:
-            reason += " (less often than the idle timeout)"
+            reason += " (slower than the idle timeout)"
         elif not recent:
             reason += " (stopped)"
         out.append(ClientFinding(
@@ -616,10 +616,11 @@ def _judge_unseen(activity: Activity, tracks: dict[tuple[int, datetime | None], 
             POLL_STILL_GOING_PERIODS * period, period + 1.0)
         keeps = bool(recent and period is not None and
                      (idle.never_suspends or period < idle.seconds))
-        reason = (f"{len(counted)} short connection(s) between samples"
+        n = len(counted)
+        reason = (f"{n} short connection{'' if n == 1 else 's'} between samples"
                   + ("" if period is None else f", about every {_fmt_every(period)}"))
         if period is not None and not keeps:
-            reason += " (less often than the idle timeout)" if recent else " (stopped)"
+            reason += " (slower than the idle timeout)" if recent else " (stopped)"
         out.append(UnseenFinding(dbname, len(counted), None if period is None else
                                  round(period, 3), keeps, reason,
                                  [t.isoformat() for t in distinct]))
@@ -658,7 +659,7 @@ def format_table(result: AuditResult) -> str:
                      s.reason, s.query or ""])
     head = ["PID", "APPLICATION", "USER", "DATABASE", "CLIENT", "STATE", "TYPE", "AWAKE",
             "WHY", "QUERY"]
-    caps = [10, 32, 16, 16, 15, 20, 18, 5, 72, SHOWN_QUERY_CHARS]
+    caps = [10, 32, 16, 16, 15, 20, 18, 5, 84, 48]
     table = [head, *rows]
     cells = [[c if len(c) <= cap else c[: cap - 1] + "…" for c, cap in zip(r, caps,
                                                                             strict=True)]

@@ -110,7 +110,8 @@ class AwakeEstimate:
                     "awake 24 h a day whatever the schedule")
         head = (f"awake estimate: per wake ≈ drain time + {fmt_seconds(self.idle_timeout_s)} "
                 f"idle timeout ({self.idle_timeout_source}); "
-                f"{fmt_count(self.wakes_per_day)} wakes a day → at least "
+                f"{fmt_count(self.wakes_per_day)} "
+                f"wake{'' if fmt_count(self.wakes_per_day) == '1' else 's'} a day → at least "
                 f"{fmt_seconds(self.low_s_per_day)} a day awake ({fmt_share(self.low_share)})")
         if self.high_s_per_day is not None and self.max_drain_s is not None:
             assert self.high_share is not None

@@ -62,7 +62,7 @@ def test_a_poller_slower_than_the_idle_timeout_does_not() -> None:
     per = {t: [row(1, changed=4.0 * math.floor((t - 0.25) / 4) + 0.26)] for t in ticks(12)}
     r = judge(activity(per), IDLE3)
     (s,) = r.sessions
-    assert not s.keeps_awake and "less often than the idle timeout" in s.reason
+    assert not s.keeps_awake and "slower than the idle timeout" in s.reason
     assert r.could_suspend and r.longest_quiet_gap_s >= 3
 
 
@@ -193,7 +193,7 @@ def test_connections_between_samples_are_counted() -> None:
     r = judge(act, IDLE3)
     (u,) = r.unseen_connections
     assert u.database == "app" and u.connections == 4
-    assert u.keeps_awake and u.reason == "4 short connection(s) between samples, about " \
+    assert u.keeps_awake and u.reason == "4 short connections between samples, about " \
         "every 2.0 s"
     assert u.counted_at[0] == at(0.5).isoformat()  # the sample after it
     assert not r.could_suspend
