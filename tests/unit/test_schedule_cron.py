@@ -159,3 +159,43 @@ def test_interval_jitter_only_delays() -> None:
         prev = nxt
     assert min(gaps) >= 10 and max(gaps) <= 15
     assert max(gaps) - min(gaps) > 1  # it does vary
+
+
+class _FakeJob:
+    def __init__(self, next_run_time: datetime) -> None:
+        self.next_run_time = next_run_time
+
+
+class _FakeScheduler:
+    def __init__(self, next_run_time: datetime) -> None:
+        self.job = _FakeJob(next_run_time)
+        self.modified: list[datetime] = []
+
+    def get_job(self, job_id: str) -> _FakeJob:
+        return self.job
+
+    def modify_job(self, job_id: str, *, next_run_time: datetime) -> None:
+        self.modified.append(next_run_time)
+
+
+@pytest.mark.parametrize("next_due, remaining, expected", [
+    (NOW + timedelta(seconds=20), 0, NOW + timedelta(seconds=300)),  # never within the timeout
+    (NOW + timedelta(seconds=400), 0, NOW + timedelta(seconds=400)),  # the retry's own time
+    (NOW + timedelta(seconds=895), 0, None),  # gains less than a second: left alone
+    (None, 0, None),  # nothing waiting
+    (None, 3, NOW + timedelta(seconds=300)),  # a limit left due work
+])
+def test_pull_earlier(next_due: datetime | None, remaining: int,
+                      expected: datetime | None) -> None:
+    import threading
+
+    from drainer.drain import RunReport
+    from drainer.scheduler import _Runner
+
+    runner = _Runner(None, None, threading.Event(), NEON, True, None)  # type: ignore[arg-type]
+    fake = _FakeScheduler(NOW + timedelta(seconds=900))
+    runner.scheduler = fake
+    report = RunReport(run_id="x", queues=["q"], remaining_due=remaining,
+                       next_due_at=None if next_due is None else next_due.isoformat())
+    runner._pull_earlier(report, NOW)
+    assert fake.modified == ([] if expected is None else [expected])
