@@ -181,7 +181,7 @@ class _FakeScheduler:
 @pytest.mark.parametrize("next_due, remaining, expected", [
     (NOW + timedelta(seconds=20), 0, NOW + timedelta(seconds=300)),  # never within the timeout
     (NOW + timedelta(seconds=400), 0, NOW + timedelta(seconds=400)),  # the retry's own time
-    (NOW + timedelta(seconds=895), 0, None),  # gains less than a second: left alone
+    (NOW + timedelta(seconds=899.5), 0, None),  # gains less than a second: left alone
     (None, 0, None),  # nothing waiting
     (None, 3, NOW + timedelta(seconds=300)),  # a limit left due work
 ])
