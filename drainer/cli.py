@@ -249,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-poll-interval", metavar="SECONDS", default="60",
                    help="Longest fallback poll interval while empty [default: 60].")
 
-    p = add("audit", "Sample pg_stat_activity and name what keeps the compute awake.",
+    p = add("audit", "Sample pg_stat_activity and name what keeps the compute awake. "
+            "Exit 0 if the compute could suspend, 1 if something keeps it awake.",
             _lazy("drainer.audit:audit_command"))
     p.add_argument("--duration", metavar="SECONDS", default="60",
                    help="How long to sample [default: 60].")
