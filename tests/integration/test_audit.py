@@ -242,3 +242,19 @@ def test_connections_too_short_for_any_sample_are_caught(pg_url: str, schema: st
                   filters=SessionFilter(databases=[own_database]))
     assert quiet.unseen_connections == [] and quiet.sessions == []
     assert quiet.could_suspend
+
+
+def test_cli_only_pid_and_user(pg_url: str, sessions: Sessions) -> None:
+    target = sessions.connect("idle", autocommit=True)
+    target.execute("SELECT 1")
+    pid = target.info.backend_pid
+    proc = run_audit_cli(pg_url, "--duration", "1", "--idle-timeout", "3", "--json",
+                         "--only-pid", f"{pid},{pid}", "--only-user", "postgres")
+    out, err = proc.communicate(timeout=30)
+    report = json.loads(out)
+    assert [s["pid"] for s in report["sessions"]] == [pid], err
+    assert report["filters"]["pids"] == [pid, pid]
+    assert report["counters"].startswith("off")
+    bad = run_audit_cli(pg_url, "--only-pid", "abc")
+    _, err = bad.communicate(timeout=30)
+    assert bad.returncode == 2 and "--only-pid" in err
