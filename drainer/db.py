@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-APPLICATION_NAME = "drainer"
-
 _NAME_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.M)
 
 # Errors that retrying will not fix: wrong password, unknown database or role, bad DSN.
@@ -89,8 +87,8 @@ def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[
     kwargs: dict[str, Any] = {
         "autocommit": True,
         "connect_timeout": max(1, round(settings.connect_timeout)),
-        "application_name": APPLICATION_NAME if purpose == "work" else
-        f"{APPLICATION_NAME}-{purpose}",
+        "application_name": settings.application_name if purpose == "work" else
+        f"{settings.application_name}-{purpose}",
     }
     if settings.session_options:
         opts = []
