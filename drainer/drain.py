@@ -146,6 +146,8 @@ class _Heartbeat(threading.Thread):
         if not candidates:
             return set()
         with self.lock:
+            if self.stopped.is_set():
+                return set()  # the drain is over: never open a connection after it
             if self.conn is None or self.conn.closed:
                 self.conn = db.connect(self.drain.settings, purpose="heartbeat")
                 self.queries = db.Queries(self.conn, self.drain.settings.schema_name,
@@ -178,7 +180,8 @@ class _Heartbeat(threading.Thread):
                     self.queries = None
 
     def stop(self) -> None:
-        self.stopped.set()
+        with self.lock:
+            self.stopped.set()
         if self.is_alive():
             self.join(timeout=5)
         self._close()
@@ -189,7 +192,7 @@ class _Drain:
 
     def __init__(self, settings: Settings, registry: Registry, conn: psycopg.Connection[Any],
                  queues: list[str], report: RunReport, stop: threading.Event,
-                 deadline: float | None) -> None:
+                 deadline: float | None, hurry: threading.Event) -> None:
         self.settings = settings
         self.registry = registry
         self.conn = conn
@@ -197,6 +200,7 @@ class _Drain:
         self.queues = queues
         self.report = report
         self.stop = stop
+        self.hurry = hurry
         self.deadline = deadline
         self.lock = threading.Lock()
         self.running: dict[int, _Running] = {}
@@ -390,6 +394,7 @@ class _Drain:
             for row in rows:
                 r = self.make_job(task, row)
                 r.job.conn = conn
+                r.job._extend = None  # the claim's transaction holds the row lock
                 try:
                     with conn.transaction():
                         outcome = _call(task, r.job)
@@ -418,7 +423,7 @@ class _Drain:
                     claimed, cursor, progressed = self.claim_round(cursor)
                     pending.extend(self.make_job(t, r) for t, r in claimed)
                     exhausted = not progressed
-                if self.stop.is_set():
+                if self.must_release():
                     self.release(pending)
                 while pending and self.in_flight() < concurrency:
                     self.start(pending.popleft())
@@ -428,7 +433,7 @@ class _Drain:
                 if buffered and (not pending or buffered >= self.settings.batch_size):
                     self.flush()
                 if pending or self.in_flight():
-                    if (self.stop.is_set() or (limited and not pending)) and self.in_flight():
+                    if (self.must_release() or (limited and not pending)) and self.in_flight():
                         self.release(pending)
                         self.wait_grace()
                         break
@@ -440,6 +445,14 @@ class _Drain:
             self.heartbeat.stop()
             if self.pool is not None:
                 self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def must_release(self) -> bool:
+        """Shutdown or the deadline: claimed jobs that have not started go back at once.
+
+        (--max-jobs only stops claiming: what was claimed within the limit still runs.)
+        """
+        return self.stop.is_set() or (
+            self.deadline is not None and time.monotonic() >= self.deadline)
 
     def release(self, pending: deque[_Running]) -> None:
         if not pending:
@@ -453,7 +466,7 @@ class _Drain:
     def wait_grace(self) -> None:
         """Give running handlers the grace period, then leave them to their lease."""
         until = time.monotonic() + self.settings.grace
-        while self.in_flight() and time.monotonic() < until:
+        while self.in_flight() and time.monotonic() < until and not self.hurry.is_set():
             self.collect(min(0.1, max(0.0, until - time.monotonic())))
             if self.ok_buf or self.fail_buf:
                 self.flush()
@@ -504,17 +517,20 @@ def resolve_queues(settings: Settings, registry: Registry) -> list[str]:
 
 
 @contextmanager
-def _signals_stop(stop: threading.Event) -> Iterator[None]:
+def _signals_stop(stop: threading.Event, hurry: threading.Event) -> Iterator[None]:
     """SIGTERM/SIGINT: stop claiming (a second signal cuts the grace period short)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    hits = {"n": 0}
-
     def handler(signum: int, frame: Any) -> None:
-        hits["n"] += 1
-        logger.info("received %s: stopping (no new claims; running jobs get the grace "
-                    "period)", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            logger.warning("received %s again: not waiting for running jobs (they are left "
+                           "to their lease)", name)
+            hurry.set()
+            return
+        logger.info("received %s: stopping (no new claims; claimed jobs that did not start "
+                    "are released; running jobs get the grace period)", name)
         stop.set()
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -548,12 +564,13 @@ def run_once(
         limit = started + settings.max_runtime
         deadline = limit if deadline is None else min(deadline, limit)
     report = RunReport(run_id=uuid.uuid4().hex[:12], queues=queues)
-    ctx = _signals_stop(stop) if handle_signals else _nullcontext()
+    hurry = threading.Event()
+    ctx = _signals_stop(stop, hurry) if handle_signals else _nullcontext()
     with ctx:
         conn = db.connect(settings)
         connected_at = time.monotonic()
         try:
-            drain = _Drain(settings, registry, conn, queues, report, stop, deadline)
+            drain = _Drain(settings, registry, conn, queues, report, stop, deadline, hurry)
             drain.progress = progress
             check_schema(drain.q)
             report.reaped = reaper.run_once(drain.q, queues).reaped

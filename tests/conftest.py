@@ -1,7 +1,8 @@
 """Shared fixtures: a real PostgreSQL, and a schema of its own for every test.
 
 The server: $DRAINER_TEST_DATABASE_URL if set; else the one on 127.0.0.1:5432 if it
-answers; else a throwaway embedded PostgreSQL started for the session.
+answers; else (or with DRAINER_TEST_EMBEDDED=1) a throwaway embedded PostgreSQL started
+for the session.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def pg_url() -> Iterator[str]:
     if url:
         yield url
         return
-    if _reachable(LOCAL_URL):
+    if not os.environ.get("DRAINER_TEST_EMBEDDED") and _reachable(LOCAL_URL):
         yield LOCAL_URL
         return
     from drainer._embedded import embedded_postgres

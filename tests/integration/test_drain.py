@@ -406,13 +406,22 @@ def test_connections_at_most_two_and_none_after(pg_url: str, schema: str, regist
 
     @registry.task("c")
     def handler(job: Job) -> None:
-        time.sleep(0.5)  # long enough for a heartbeat (lease / 3)
-        counts.append(sessions())
+        # run past a third of the lease so the heartbeat connects; sample meanwhile
+        until = time.monotonic() + 2
+        while time.monotonic() < until:
+            counts.append(sessions())
+            if counts[-1] >= 2 and time.monotonic() > until - 1.5:
+                break
+            time.sleep(0.05)
 
     enqueue_many(conn, [JobSpec("c", {}) for _ in range(4)], schema=schema)
     report = run_once(settings.model_copy(update={"concurrency": 2}), registry=registry)
     assert report.succeeded == 4
     assert max(counts) == 2  # the work connection and the heartbeat's
+    # both closed: the server forgets a backend a moment after the client hangs up
+    until = time.monotonic() + 3
+    while sessions() and time.monotonic() < until:
+        time.sleep(0.05)
     assert sessions() == 0
 
 
