@@ -9,9 +9,9 @@ import random
 import sys
 import time
 import uuid
-from datetime import datetime, timezone
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 
 from psycopg import sql
 from pydantic import SecretStr

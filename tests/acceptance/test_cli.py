@@ -71,12 +71,16 @@ def test_migrate_enqueue_status_run_once(pg_url: str, schema: str) -> None:
 
 
 def test_flags_after_the_subcommand_and_env(pg_url: str, schema: str) -> None:
-    run_cli(["migrate"], pg_url=pg_url, schema=schema)
-    run_cli(["enqueue", "noop", "{}"], pg_url=pg_url, schema=schema)
+    assert run_cli(["migrate"], pg_url=pg_url, schema=schema).returncode == 0
+    for _ in range(2):
+        proc = run_cli(["enqueue", "noop", "{}"], pg_url=pg_url, schema=schema)
+        assert proc.returncode == 0, proc.stderr
     proc = run_cli(["run-once", "--batch-size", "5", "--max-jobs", "1"], pg_url=pg_url,
                    schema=schema, DRAINER_APP="sample_jobs")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["claimed"] == 1
+    report = json.loads(proc.stdout)
+    assert (report["claimed"], report["remaining_due"], report["stopped_by"]) == (
+        1, 1, "max_jobs"), proc.stdout + proc.stderr
 
 
 def test_exit_codes(pg_url: str, schema: str) -> None:
