@@ -231,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "compute awake).")
     p.add_argument("--dry-run", action="store_true", help="Print the next five wakes and "
                    "the awake estimate, then exit without connecting.")
+    p.add_argument("--pull-earlier", action="store_true",
+                   help="After a run, bring the next wake forward to the earliest retry "
+                   "waiting for its backoff, never sooner than the idle timeout after the "
+                   "run ended [default: off].")
+    p.add_argument("--timezone", metavar="TZ", help="IANA time zone of --cron and of the "
+                   "printed wake times [default: the system's].")
 
     p = add("serve", "HTTP trigger: POST /drain starts a drain; GET /healthz never touches "
             "the database.", _lazy("drainer.serve:serve_command"))
@@ -248,6 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", metavar="SECONDS", default="60",
                    help="How long to sample [default: 60].")
     p.add_argument("--json", action="store_true", help="One JSON object on stdout.")
+    p.add_argument("--only-database", metavar="NAME", action="append",
+                   help="Only sessions of this database (repeatable) [default: every "
+                   "database: they all run on the same compute].")
+    p.add_argument("--only-user", metavar="NAME", action="append",
+                   help="Only sessions of this user (repeatable).")
+    p.add_argument("--only-application", metavar="PATTERN", action="append",
+                   help="Only sessions whose application_name is LIKE this pattern "
+                   "(repeatable; e.g. 'myapp%%'). Autovacuum workers have none.")
+    p.add_argument("--only-pid", metavar="PID", action="append",
+                   help="Only these backend pids (repeatable or comma-separated).")
 
     return parser
 

@@ -1,0 +1,149 @@
+"""Cron strings mean what cron means; the wake schedule's checks and estimates."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from drainer.errors import ConfigError
+from drainer.scheduler import (
+    DEFAULT_MAX_RUNTIME_CAP_S,
+    WakeSchedule,
+    check_schedule,
+    cron_weekdays,
+)
+from drainer.waking import IdleTimeout
+
+UTC = timezone.utc
+# A Wednesday.
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+NEON = IdleTimeout(300.0, "--platform neon")
+
+
+def fires(expr: str, n: int = 10, now: datetime = NOW) -> list[datetime]:
+    return WakeSchedule(cron=expr, timezone=UTC).next_wakes(n, now)
+
+
+def test_zero_is_sunday_and_the_trigger_fires_on_a_sunday() -> None:
+    wakes = fires("0 3 * * 0", 5)
+    assert len(wakes) == 5
+    assert all(w.weekday() == 6 and (w.hour, w.minute) == (3, 0) for w in wakes)  # Sunday
+    assert wakes[0] == datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
+    # the trigger APScheduler runs (not only our listing) agrees
+    trig = WakeSchedule(cron="0 3 * * 0", timezone=UTC).trigger()
+    assert trig.get_next_fire_time(None, NOW).strftime("%A") == "Sunday"
+
+
+@pytest.mark.parametrize("expr", ["0 3 * * 7", "0 3 * * sun", "0 3 * * SUN"])
+def test_seven_and_names_are_sunday_too(expr: str) -> None:
+    assert {w.strftime("%a") for w in fires(expr, 4)} == {"Sun"}
+
+
+@pytest.mark.parametrize("dow, days", [
+    ("1-5", {"Mon", "Tue", "Wed", "Thu", "Fri"}),
+    ("mon-fri", {"Mon", "Tue", "Wed", "Thu", "Fri"}),
+    ("6,0", {"Sat", "Sun"}),
+    ("5-7", {"Fri", "Sat", "Sun"}),
+    ("fri-sun", {"Fri", "Sat", "Sun"}),
+    ("0-2", {"Sun", "Mon", "Tue"}),
+    ("*/2", {"Sun", "Tue", "Thu", "Sat"}),
+    ("1/3", {"Mon", "Thu", "Sun"}),
+    ("*", {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"}),
+])
+def test_weekday_fields(dow: str, days: set[str]) -> None:
+    assert {w.strftime("%a") for w in fires(f"0 3 * * {dow}", 21)} == days
+
+
+def test_conversion_never_passes_numbers_through() -> None:
+    assert cron_weekdays("0") == "sun"
+    assert cron_weekdays("1-5") == "mon,tue,wed,thu,fri"
+    assert cron_weekdays("0-6") == "*"
+
+
+def test_day_of_month_or_day_of_week_as_in_cron() -> None:
+    # cron: both restricted -> either matches (the 1st, and every Monday)
+    wakes = fires("0 3 1 * mon", 6)
+    assert all(w.day == 1 or w.strftime("%a") == "Mon" for w in wakes)
+    assert datetime(2026, 12, 1, 3, 0, tzinfo=UTC) in wakes  # a Tuesday, the 1st
+    assert datetime(2026, 11, 30, 3, 0, tzinfo=UTC) in wakes  # a Monday
+    # one of them '*': the other alone decides
+    assert {w.day for w in fires("0 3 1 * *", 3)} == {1}
+
+
+def test_macros_and_time_zone() -> None:
+    assert fires("@daily", 2) == [datetime(2026, 11, 26, tzinfo=UTC),
+                                  datetime(2026, 11, 27, tzinfo=UTC)]
+    berlin = WakeSchedule(cron="0 3 * * *", timezone=ZoneInfo("Europe/Berlin"))
+    first = berlin.next_wakes(1, NOW)[0]
+    assert first.isoformat() == "2026-11-26T03:00:00+01:00"
+
+
+@pytest.mark.parametrize("expr", ["0 3 * * 8", "0 3 * *", "0 3 * * funday", "0 3 * * 5-1",
+                                  "61 3 * * *", "0 3 * * 1/0"])
+def test_bad_cron_is_one_config_error(expr: str) -> None:
+    with pytest.raises(ConfigError, match="--cron"):
+        WakeSchedule(cron=expr, timezone=UTC)
+
+
+def test_exactly_one_of_interval_and_cron() -> None:
+    with pytest.raises(ConfigError):
+        WakeSchedule()
+    with pytest.raises(ConfigError):
+        WakeSchedule(interval=600, cron="0 3 * * *")
+    with pytest.raises(ConfigError):
+        WakeSchedule(interval=0)
+
+
+def test_interval_wakes_start_now() -> None:
+    wakes = WakeSchedule(interval=600, timezone=UTC).next_wakes(3, NOW)
+    assert wakes == [NOW, NOW + timedelta(minutes=10), NOW + timedelta(minutes=20)]
+
+
+def test_an_interval_within_the_idle_timeout_is_refused() -> None:
+    with pytest.raises(ConfigError, match="never suspend"):
+        check_schedule(WakeSchedule(interval=60), NEON, None, allow_always_on=False)
+    with pytest.raises(ConfigError, match="never suspend"):
+        check_schedule(WakeSchedule(interval=300), NEON, None, allow_always_on=False)
+    assert check_schedule(WakeSchedule(interval=60), NEON, None, allow_always_on=True) == 30
+    # an always-on compute has nothing to keep asleep
+    assert check_schedule(WakeSchedule(interval=60), IdleTimeout(0, "--platform always-on"),
+                          None, allow_always_on=False) == 30
+
+
+def test_cron_waking_too_often_is_refused() -> None:
+    with pytest.raises(ConfigError, match="every 2.0 min"):
+        check_schedule(WakeSchedule(cron="*/2 * * * *", timezone=UTC), NEON, None,
+                       allow_always_on=False)
+    # jitter can bring two cron wakes closer together
+    with pytest.raises(ConfigError):
+        check_schedule(WakeSchedule(cron="*/10 * * * *", jitter=400, timezone=UTC), NEON,
+                       None, allow_always_on=False)
+
+
+def test_max_runtime_default_and_bounds() -> None:
+    assert check_schedule(WakeSchedule(interval=900), NEON, None,
+                          allow_always_on=False) == 450
+    assert check_schedule(WakeSchedule(cron="0 3 * * 0", timezone=UTC), NEON, None,
+                          allow_always_on=False) == DEFAULT_MAX_RUNTIME_CAP_S
+    assert check_schedule(WakeSchedule(interval=900), NEON, 60, allow_always_on=False) == 60
+    with pytest.raises(ConfigError, match="--max-runtime"):
+        check_schedule(WakeSchedule(interval=900), NEON, 900, allow_always_on=False)
+
+
+def test_awake_estimate_interval() -> None:
+    est = WakeSchedule(interval=900).estimate(NEON, 60)
+    assert est.wakes_per_day == 96
+    assert est.low_s_per_day == pytest.approx(96 * 300)  # 8 h
+    assert est.high_s_per_day == pytest.approx(96 * 360)
+    assert est.low_share == pytest.approx(1 / 3)
+    assert "8.0 h" in est.describe() and "33.3%" in est.describe()
+
+
+def test_awake_estimate_cron_merges_close_wakes() -> None:
+    # 03:00 and 03:02 every day: the compute is up from 03:00 to 03:07, not 2 x 5 min
+    est = WakeSchedule(cron="0,2 3 * * *", timezone=UTC).estimate(
+        NEON, None, now=NOW)
+    assert est.wakes_per_day == pytest.approx(2)
+    assert est.low_s_per_day == pytest.approx(420)
