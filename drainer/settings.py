@@ -108,14 +108,6 @@ class Settings(BaseSettings):
         DEFAULT_TABLE, "Name of the jobs table (a name, never SQL).", "db", min_length=1,
         max_length=50,
     )
-    application_name: str = _opt(
-        "drainer",
-        "application_name of drainer's sessions (pg_stat_activity); the heartbeat's gets "
-        "'-heartbeat' appended.",
-        "db",
-        min_length=1,
-        max_length=50,
-    )
     connect_timeout: Seconds = _opt(
         DEFAULT_CONNECT_TIMEOUT_S, "Seconds to wait for one connection attempt.", "db", gt=0
     )

@@ -113,7 +113,7 @@ def test_an_interval_within_the_idle_timeout_is_refused() -> None:
 
 
 def test_cron_waking_too_often_is_refused() -> None:
-    with pytest.raises(ConfigError, match="every 2.0 min"):
+    with pytest.raises(ConfigError, match=r"every 2\.0 min"):
         check_schedule(WakeSchedule(cron="*/2 * * * *", timezone=UTC), NEON, None,
                        allow_always_on=False)
     # jitter can bring two cron wakes closer together
