@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -41,3 +42,45 @@ def flag_value(args: list[str], flag: str) -> str | None:
         if arg.startswith(flag + "="):
             return arg.split("=", 1)[1]
     return None
+
+
+def cron_min_gap(expr: str, days: int = 7) -> float:
+    """The shortest time in seconds between two runs of a 5-field crontab expression.
+
+    Minute and hour fields only matter here; APScheduler's day-of-week numbering (0 is
+    Monday) does not change the gaps of the expressions deploy/ uses.
+    """
+    from datetime import datetime, timedelta, timezone
+
+    from apscheduler.triggers.cron import CronTrigger
+
+    trigger = CronTrigger.from_crontab(expr, timezone="UTC")
+    start = datetime(2026, 1, 5, tzinfo=timezone.utc)
+    fire = trigger.get_next_fire_time(None, start)
+    gaps = []
+    while fire is not None and fire < start + timedelta(days=days):
+        nxt = trigger.get_next_fire_time(fire, fire + timedelta(microseconds=1))
+        assert nxt is not None
+        gaps.append((nxt - fire).total_seconds())
+        fire = nxt
+    assert gaps, f"{expr!r} never fires"
+    return min(gaps)
+
+
+def drainer_settings(args: list[str]) -> tuple[Any, Any]:
+    """Parse a container's arguments with drainer's own CLI parser and settings.
+
+    Returns (argparse namespace, Settings): a flag drainer does not know, or a value it
+    rejects, fails here exactly as it would in the container.
+    """
+    from drainer.cli import build_parser, settings_from_args
+
+    namespace = build_parser().parse_args(args)
+    return namespace, settings_from_args(namespace)
+
+
+def longest_idle_timeout() -> float:
+    """The longest idle timeout of the platform presets drainer knows (seconds)."""
+    from drainer.settings import PLATFORM_IDLE_TIMEOUTS
+
+    return max(PLATFORM_IDLE_TIMEOUTS.values())
