@@ -133,9 +133,13 @@ FROM {jobs}
 WHERE status = 'queued' AND queue = ANY(%(queues)s);
 
 -- name: table_health
--- Dead tuples and vacuum times of the jobs table, and whether we may VACUUM it (owner).
+-- Dead tuples and vacuum times of the jobs table, and whether we may VACUUM it: as its
+-- owner, or with the MAINTAIN privilege of PostgreSQL 17+ (the CASE keeps older servers,
+-- which reject the privilege name, from evaluating it).
 SELECT s.n_dead_tup, s.n_live_tup, s.last_autovacuum, s.last_vacuum,
-       pg_has_role(current_user, c.relowner, 'USAGE') AS can_vacuum
+       pg_has_role(current_user, c.relowner, 'USAGE')
+       OR CASE WHEN current_setting('server_version_num')::int >= 170000
+               THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS can_vacuum
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = %(regclass)s::regclass;
