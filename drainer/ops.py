@@ -288,7 +288,7 @@ def render_job(job: dict[str, Any]) -> str:
     for key, value in job.items():
         if key in ("payload", "last_error"):
             continue
-        lines.append(f"{key + ':':14s}{'-' if value is None else value}")
+        lines.append(f"{key + ':':15s}{'-' if value is None else value}")
     lines.append("payload:")
     lines.append(json.dumps(job["payload"], indent=2, ensure_ascii=False))
     lines.append("last_error:" + (" -" if job["last_error"] is None else ""))
