@@ -140,7 +140,12 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.drain import run_once
     from drainer.progress import progress_printer
 
-    report = run_once(settings, handle_signals=True, progress=progress_printer())
+    progress = progress_printer()
+    try:
+        report = run_once(settings, handle_signals=True, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
     print_json(report.as_dict())
     return 0
 
