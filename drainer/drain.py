@@ -218,6 +218,7 @@ class _Drain:
         self.heartbeat = _Heartbeat(self, max(0.05, min(leases) * HEARTBEAT_FRACTION))
         self.progress: Callable[[RunReport], None] | None = None
         self._due_checked = time.monotonic()
+        self._due_base: tuple[int, int] | None = None
 
     # -- logs -------------------------------------------------------------------------------------
     def job_extra(self, job: Job, **fields: Any) -> dict[str, Any]:
@@ -400,7 +401,10 @@ class _Drain:
             now = time.monotonic()
             if now - self._due_checked >= PROGRESS_DUE_INTERVAL_S:
                 self._due_checked = now
-                self.report.remaining_due, _ = self.q.queue_summary(self.queues)
+                self._due_base = self.q.queue_summary(self.queues)[0], self.report.claimed
+            if self._due_base is not None:  # between counts: minus what was claimed since
+                due, claimed = self._due_base
+                self.report.remaining_due = max(0, due - (self.report.claimed - claimed))
             self.progress(self.report)
 
     def _count_lost(self, buf: list[_Outcome], written: set[int]) -> None:
