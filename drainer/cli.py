@@ -211,9 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dedup-key", metavar="KEY", help="Skip the job when one with this key "
                    "is already queued or running.")
 
-    p = add("status", "Counts by queue and status, oldest due job, expired leases, table "
-            "health.", cmd_status)
-    p.add_argument("--json", action="store_true", help="One JSON object on stdout.")
+    p = add("status", "What the queue is doing: jobs by queue and status, due jobs and the "
+            "oldest due job's age, expired leases waiting for the reaper, the next due time, "
+            "failed (dead-letter) counts with their most common errors, table and index "
+            "size, dead tuples, last (auto)vacuum, other drainer sessions and the oldest "
+            "open transaction. One connection, four statements.", cmd_status)
+    p.add_argument("--json", action="store_true", help="Print one JSON object on stdout "
+                   "(the default when stdout is not a terminal; on a terminal the output is "
+                   "a readable table).")
 
     add("run-once", "Drain every due job once, run maintenance, print the run report, exit.",
         cmd_run_once)
