@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_FRACTION = 1 / 3
 #: Longest error text kept in last_error.
 MAX_ERROR_CHARS = 4000
+#: With a progress line (a terminal), remaining due jobs are counted at most this often.
+PROGRESS_DUE_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -70,6 +72,7 @@ class _Outcome:
     task: Task
     ok: bool
     error: str | None = None
+    duration_s: float = 0.0
 
 
 @dataclass
@@ -97,6 +100,13 @@ def format_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
 
 def _call(task: Task, job: Job) -> _Outcome:
     """Run one handler and catch whatever it raises."""
+    started = time.monotonic()
+    outcome = _call_handler(task, job)
+    outcome.duration_s = round(time.monotonic() - started, 6)
+    return outcome
+
+
+def _call_handler(task: Task, job: Job) -> _Outcome:
     try:
         if task.is_async:
             coro = task.func(job)
@@ -165,9 +175,9 @@ class _Heartbeat(threading.Thread):
             else:
                 r.lost = True
                 r.job.cancelled.set()
-                logger.warning("job %d is no longer ours (lease lost): its handler was told "
-                               "to stop and its outcome will not be written", r.job.id,
-                               extra={"job_id": r.job.id, "queue": r.job.queue})
+                logger.warning("job %d is no longer ours (lease lost or cancelled): its "
+                               "handler was told to stop and its outcome will not be "
+                               "written", r.job.id, extra=self.drain.job_extra(r.job))
         return set(kept)
 
     def _close(self) -> None:
@@ -211,6 +221,14 @@ class _Drain:
         leases = [self._lease(registry.tasks[q]) for q in queues]
         self.heartbeat = _Heartbeat(self, max(0.05, min(leases) * HEARTBEAT_FRACTION))
         self.progress: Callable[[RunReport], None] | None = None
+        self._due_checked = time.monotonic()
+        self._due_base: tuple[int, int] | None = None
+
+    # -- logs -------------------------------------------------------------------------------------
+    def job_extra(self, job: Job, **fields: Any) -> dict[str, Any]:
+        """The fields every job log line carries (JSON keys, or key=value on a TTY)."""
+        return {"run_id": self.report.run_id, "job_id": job.id, "queue": job.queue,
+                "attempt": job.attempt, **fields}
 
     # -- options ----------------------------------------------------------------------------------
     def _lease(self, task: Task) -> float:
@@ -325,7 +343,8 @@ class _Drain:
             r.job.cancelled.set()
             self._settle(_Outcome(r.job, r.task, False,
                                   f"TimeoutError: handler exceeded its timeout of "
-                                  f"{self._timeout(r.task)}s (abandoned, told to stop)"))
+                                  f"{self._timeout(r.task)}s (abandoned, told to stop)",
+                                  round(now - r.started, 6)))
 
     def _settle(self, outcome: _Outcome) -> None:
         with self.lock:
@@ -337,15 +356,10 @@ class _Drain:
         if r.lost:
             self.report.lost += 1
             logger.warning("job %d finished after its lease was lost: outcome not written",
-                           r.job.id, extra={"job_id": r.job.id, "queue": r.job.queue})
+                           r.job.id, extra=self.job_extra(r.job, outcome="lost",
+                                                          duration_s=outcome.duration_s))
             return
         (self.ok_buf if outcome.ok else self.fail_buf).append(outcome)
-        if not outcome.ok:
-            logger.info("job %d failed (attempt %d/%d): %s", r.job.id, r.job.attempt,
-                        r.job.max_attempts, (outcome.error or "").split("\n", 1)[0],
-                        extra={"job_id": r.job.id, "queue": r.job.queue,
-                               "attempt": r.job.attempt,
-                               "duration_s": round(time.monotonic() - r.started, 6)})
 
     def in_flight(self) -> int:
         with self.lock:
@@ -358,6 +372,11 @@ class _Drain:
             written = self.q.complete_many([o.job.id for o in buf], [o.job.attempt for o in buf],
                                            delete=self.settings.delete_on_complete)
             self.report.succeeded += len(written)
+            if logger.isEnabledFor(logging.DEBUG):
+                for o in buf:
+                    if o.job.id in written:
+                        logger.debug("job %d succeeded", o.job.id, extra=self.job_extra(
+                            o.job, outcome="succeeded", duration_s=o.duration_s))
             self._count_lost(buf, written)
         if self.fail_buf:
             buf, self.fail_buf = self.fail_buf, []
@@ -366,13 +385,30 @@ class _Drain:
                 [o.error or "unknown error" for o in buf],
                 [o.task.max_attempts for o in buf],
                 self.settings.retry_base, self.settings.retry_cap)
-            for _id, status, _run_at in rows:
+            by_id = {o.job.id: o for o in buf}
+            for job_id, status, run_at in rows:
                 if status == "failed":
                     self.report.failed += 1
                 else:
                     self.report.retried += 1
+                o = by_id[job_id]
+                first = (o.error or "").split("\n", 1)[0]
+                logger.info("job %d failed (attempt %d/%d): %s; %s", job_id, o.job.attempt,
+                            o.job.max_attempts, first,
+                            "failed for good" if status == "failed" else
+                            f"retry at {run_at.isoformat()}",
+                            extra=self.job_extra(o.job, outcome="failed" if status == "failed"
+                                                 else "retried", duration_s=o.duration_s,
+                                                 error=first))
             self._count_lost(buf, {r[0] for r in rows})
         if self.progress is not None:
+            now = time.monotonic()
+            if now - self._due_checked >= PROGRESS_DUE_INTERVAL_S:
+                self._due_checked = now
+                self._due_base = self.q.queue_summary(self.queues)[0], self.report.claimed
+            if self._due_base is not None:  # between counts: minus what was claimed since
+                due, claimed = self._due_base
+                self.report.remaining_due = max(0, due - (self.report.claimed - claimed))
             self.progress(self.report)
 
     def _count_lost(self, buf: list[_Outcome], written: set[int]) -> None:
@@ -381,8 +417,8 @@ class _Drain:
                 self.report.lost += 1
                 logger.warning(
                     "job %d: outcome not written (UPDATE 0): it is no longer ours, another "
-                    "worker owns it or it was reaped", o.job.id,
-                    extra={"job_id": o.job.id, "queue": o.job.queue, "attempt": o.job.attempt})
+                    "worker owns it, it was reaped or cancelled", o.job.id,
+                    extra=self.job_extra(o.job, outcome="lost", duration_s=o.duration_s))
 
     # -- transaction mode -------------------------------------------------------------------------
     def run_transaction_batch(self, task: Task, size: int) -> int:
@@ -461,7 +497,8 @@ class _Drain:
         pending.clear()
         released = self.q.release_many([r.job.id for r in jobs], [r.job.attempt for r in jobs])
         self.report.released += len(released)
-        logger.info("released %d claimed jobs that had not started", len(released))
+        logger.info("released %d claimed jobs that had not started", len(released),
+                    extra={"run_id": self.report.run_id})
 
     def wait_grace(self) -> None:
         """Give running handlers the grace period, then leave them to their lease."""
@@ -476,7 +513,7 @@ class _Drain:
             r.job.cancelled.set()
             logger.warning("job %d still running after the %.0fs grace period: left to its "
                            "lease", r.job.id, self.settings.grace,
-                           extra={"job_id": r.job.id, "queue": r.job.queue})
+                           extra=self.job_extra(r.job, outcome="abandoned"))
 
 
 class _HandlerFailed(Exception):
@@ -573,6 +610,7 @@ def run_once(
             drain = _Drain(settings, registry, conn, queues, report, stop, deadline, hurry)
             drain.progress = progress
             check_schema(drain.q)
+            logger.debug("drain started", extra={"run_id": report.run_id, "queues": queues})
             report.reaped = reaper.run_once(drain.q, queues).reaped
             drain.run()
             if not stop.is_set():
@@ -588,6 +626,7 @@ def run_once(
             conn.close()
             report.connected_s = round(time.monotonic() - connected_at, 6)
     report.duration_s = round(time.monotonic() - started, 6)
+    logger.debug("drain finished", extra=report.as_dict())
     if settings.pushgateway_url:
         _push_metrics(settings, report)
     return report

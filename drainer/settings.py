@@ -241,6 +241,13 @@ class Settings(BaseSettings):
     pushgateway_url: str | None = _opt(
         None, "Prometheus Pushgateway that receives each run report.", "run"
     )
+    pushgateway_instance: str | None = _opt(
+        None,
+        "The 'instance' grouping key of the pushed metrics (default: the host name). Set a "
+        "stable name where host names change every run (Kubernetes pods).",
+        "run",
+        min_length=1,
+    )
 
     # -- waking ---------------------------------------------------------------------------------
     platform: Literal["neon", "aurora", "relyt", "supabase", "always-on"] | None = _opt(
