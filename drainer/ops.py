@@ -281,11 +281,12 @@ def render_jobs(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no jobs)"
     table: list[tuple[str, ...]] = [("id", "queue", "status", "attempts", "run_at",
-                                     "finished_at", "last_error")]
+                                     "locked_until", "finished_at", "last_error")]
     for r in rows:
         table.append((str(r["id"]), r["queue"], r["status"],
                       f"{r['attempts']}/{r['max_attempts']}", _short_time(r["run_at"]),
-                      _short_time(r["finished_at"]), (r["error"] or "")[:60]))
+                      _short_time(r["locked_until"]), _short_time(r["finished_at"]),
+                      (r["error"] or "")[:60]))
     return "\n".join(_table(table))
 
 
