@@ -211,11 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dedup-key", metavar="KEY", help="Skip the job when one with this key "
                    "is already queued or running.")
 
-    p = add("status", "What the queue is doing: jobs by queue and status, due jobs and the "
+    p = add("status", "What the queue is doing, and the jobs table's health.", cmd_status)
+    p.description = ("What the queue is doing: jobs by queue and status, due jobs and the "
             "oldest due job's age, expired leases waiting for the reaper, the next due time, "
             "failed (dead-letter) counts with their most common errors, table and index "
             "size, dead tuples, last (auto)vacuum, other drainer sessions and the oldest "
-            "open transaction. One connection, four statements.", cmd_status)
+            "open transaction. One connection, four statements.")
     p.add_argument("--json", action="store_true", help="Print one JSON object on stdout "
                    "(the default when stdout is not a terminal; on a terminal the output is "
                    "a readable table).")
@@ -304,17 +305,21 @@ def _add_ops_commands(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> 
                    help="Show at most N jobs [default: 50].")
     p.add_argument("--json", action="store_true", help=out_help)
 
-    p = add("show", "Show one job: every column, its payload and its full last_error. "
-            "Exit 1 when there is no such job.", _lazy("drainer.ops:show_command"))
+    p = add("show", "Show one job with its payload and full last_error.",
+            _lazy("drainer.ops:show_command"))
+    p.description = ("Show one job: every column, its payload and its full last_error "
+                     "(error and traceback tail). Exit 1 when there is no such job.")
     p.add_argument("id", metavar="ID", type=_positive_int, help="The job's id.")
     p.add_argument("--json", action="store_true", help=out_help)
 
-    p = add("retry", "Put failed jobs back in the queue: status queued, attempts 0, due "
+    p = add("retry", "Put failed jobs back in the queue (by id, queue, or all).",
+            _lazy("drainer.ops:retry_command"))
+    p.description = ("Put failed jobs back in the queue: status queued, attempts 0, due "
             "now (last_error is kept until the job runs again). Give exactly one of --id, "
             "--queue, --all-failed. Jobs whose dedup key is now held by a queued or "
             "running job, and jobs cancelled while running whose owner's lease has not "
             "run out yet, are skipped and counted; nothing else is touched. Prints the "
-            "counts.", _lazy("drainer.ops:retry_command"))
+            "counts.")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", dest="ids", metavar="N", type=_positive_int, nargs="+",
                        action="extend", help="These failed jobs (ids that are not failed "
@@ -327,22 +332,25 @@ def _add_ops_commands(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> 
                    help="Report what would be retried; change nothing.")
     p.add_argument("--json", action="store_true", help=out_help)
 
-    p = add("cancel", "Cancel jobs: queued and running jobs become failed with last_error "
+    p = add("cancel", "Cancel queued or running jobs by id.",
+            _lazy("drainer.ops:cancel_command"))
+    p.description = ("Cancel jobs: queued and running jobs become failed with last_error "
             "'cancelled'. A running job's owner notices at its next heartbeat (within "
             "about two thirds of the lease), sets job.cancelled so the handler can stop, "
             "and its outcome is not written; a handler that ignores job.cancelled runs to "
             "its end. Done and failed jobs are left alone; jobs locked by a transaction "
-            "(a transaction-mode job in flight) are counted as busy. Prints the counts.",
-            _lazy("drainer.ops:cancel_command"))
+            "(a transaction-mode job in flight) are counted as busy. Prints the counts.")
     p.add_argument("--id", dest="ids", metavar="N", type=_positive_int, nargs="+",
                    action="extend", required=True, help="The jobs to cancel.")
     p.add_argument("--dry-run", action="store_true",
                    help="Report what would be cancelled; change nothing.")
     p.add_argument("--json", action="store_true", help=out_help)
 
-    p = add("purge", "Delete finished jobs now (manual archival), in batches of "
-            "DRAINER_ARCHIVE_BATCH_SIZE rows a statement. Queued and running jobs are never "
-            "purged. Prints the count.", _lazy("drainer.ops:purge_command"))
+    p = add("purge", "Delete old done or failed jobs now (manual archival).",
+            _lazy("drainer.ops:purge_command"))
+    p.description = ("Delete finished jobs now (manual archival), in batches of "
+                     "DRAINER_ARCHIVE_BATCH_SIZE rows a statement. Queued and running jobs "
+                     "are never purged. Prints the count.")
     p.add_argument("--status", required=True, choices=("done", "failed"),
                    help="Which finished jobs: done, or failed (the dead-letter queue).")
     p.add_argument("--older-than", required=True, metavar="AGE",

@@ -149,6 +149,10 @@ def retry_jobs(settings: Settings, *, ids: Sequence[int] | None = None,
     for key in ("not_failed", "not_found", "busy"):
         if others[key]:
             out[f"{key}_ids"] = _ids(others[key])
+    if not dry_run:
+        logger.info("retry: %d failed jobs back to queued (%s)", len(retried),
+                    f"ids {id_list}" if id_list else f"queue {queue!r}" if queue else
+                    "all failed", extra={k: v for k, v in out.items() if isinstance(v, int)})
     return out
 
 
@@ -214,6 +218,9 @@ def cancel_jobs(settings: Settings, ids: Sequence[int], *, dry_run: bool = False
                       ("busy_ids", busy)):
         if vals:
             out[key] = _ids(vals)
+    if not dry_run:
+        logger.info("cancel: %d jobs cancelled (%d queued, %d running)", len(hit),
+                    len(queued), len(running), extra={"cancelled_ids": out["cancelled_ids"]})
     return out
 
 
@@ -244,6 +251,9 @@ def purge_jobs(settings: Settings, *, status: str, older_than: float,
                 deleted += n
                 if n < batch:
                     break
+    if not dry_run:
+        logger.info("purge: deleted %d %s jobs finished more than %.0fs ago", deleted, status,
+                    older_than)
     return {"dry_run": dry_run, "status": status, "older_than_s": older_than,
             "purged": deleted, "statements": statements}
 
@@ -271,11 +281,12 @@ def render_jobs(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no jobs)"
     table: list[tuple[str, ...]] = [("id", "queue", "status", "attempts", "run_at",
-                                     "finished_at", "last_error")]
+                                     "locked_until", "finished_at", "last_error")]
     for r in rows:
         table.append((str(r["id"]), r["queue"], r["status"],
                       f"{r['attempts']}/{r['max_attempts']}", _short_time(r["run_at"]),
-                      _short_time(r["finished_at"]), (r["error"] or "")[:60]))
+                      _short_time(r["locked_until"]), _short_time(r["finished_at"]),
+                      (r["error"] or "")[:60]))
     return "\n".join(_table(table))
 
 
