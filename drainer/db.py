@@ -89,8 +89,8 @@ def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[
     kwargs: dict[str, Any] = {
         "autocommit": True,
         "connect_timeout": max(1, round(settings.connect_timeout)),
-        "application_name": APPLICATION_NAME if purpose == "work" else
-        f"{APPLICATION_NAME}-{purpose}",
+        "application_name": settings.application_name if purpose == "work" else
+        f"{settings.application_name}-{purpose}",
     }
     if settings.session_options:
         opts = []

@@ -33,6 +33,7 @@ DEFAULT_CONNECT_RETRIES = 5
 DEFAULT_STATEMENT_TIMEOUT_S = 60.0
 DEFAULT_LOCK_TIMEOUT_S = 10.0
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S = 120.0
+DEFAULT_APPLICATION_NAME = "drainer"
 
 #: Idle timeout (seconds) after which each platform suspends a compute with no activity.
 PLATFORM_IDLE_TIMEOUTS: dict[str, float] = {
@@ -141,6 +142,14 @@ class Settings(BaseSettings):
         "Use psycopg's automatic server-side prepared statements. Turn off behind "
         "PgBouncer < 1.21 or a pooler without max_prepared_statements.",
         "db",
+    )
+    application_name: str = _opt(
+        DEFAULT_APPLICATION_NAME,
+        "application_name of drainer's sessions in pg_stat_activity (helper connections "
+        "add a suffix: -heartbeat, -listen).",
+        "db",
+        min_length=1,
+        max_length=48,
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = _opt(
         "INFO", "Log level of the messages on stderr.", "db"
