@@ -236,8 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
             "the database.", _lazy("drainer.serve:serve_command"))
     p.add_argument("--host", default="127.0.0.1", help="Address to listen on "
                    "[default: 127.0.0.1].")
-    p.add_argument("--port", type=int, default=8080, help="Port [default: 8080; 0 picks a "
-                   "free one].")
+    p.add_argument("--port", type=int, default=None, help="Port [default: $PORT (set by "
+                   "Cloud Run and Knative), else 8080; 0 picks a free one].")
     p.add_argument("--no-auth", action="store_true",
                    help="Accept POST /drain without a bearer token (only behind something "
                    "that authenticates; by default serve refuses to start without "
