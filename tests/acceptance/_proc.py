@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -45,10 +46,8 @@ class DrainerProcess:
         for line in self.proc.stderr:
             with self._cond:
                 self.lines.append(line.rstrip("\n"))
-                try:
+                with contextlib.suppress(ValueError):
                     self.logs.append(json.loads(line))
-                except ValueError:
-                    pass
                 self._cond.notify_all()
 
     def wait_log(self, contains: str, timeout: float = 10) -> dict[str, Any]:
@@ -60,7 +59,7 @@ class DrainerProcess:
                     if contains in str(rec.get("msg", "")):
                         return rec
                 left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None and not self._reader.is_alive():
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
                     raise AssertionError(f"no log line with {contains!r} (exit "
                                          f"{self.proc.poll()}):\n" + "\n".join(self.lines))
                 self._cond.wait(min(left, 0.1))

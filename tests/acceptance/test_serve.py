@@ -104,7 +104,7 @@ def test_auth_paths_and_body_size(served: tuple[DrainerProcess, int, str],
 def test_healthz_never_touches_the_database(served: tuple[DrainerProcess, int, str],
                                             migrated: Settings,
                                             conn: psycopg.Connection[Any]) -> None:
-    proc, port, app_name = served
+    _proc, port, app_name = served
     enqueue_many(conn, [JobSpec("noop", {}) for _ in range(5)], schema=migrated.schema_name)
     status, body = _request(port, "POST", "/drain", AUTH)
     assert status == 202
@@ -124,7 +124,7 @@ def test_healthz_never_touches_the_database(served: tuple[DrainerProcess, int, s
 def test_twenty_concurrent_posts_coalesce(served: tuple[DrainerProcess, int, str],
                                           migrated: Settings,
                                           conn: psycopg.Connection[Any]) -> None:
-    proc, port, app_name = served
+    _proc, port, app_name = served
     n_jobs = 60
     enqueue_many(conn, [JobSpec("record", {"n": i}) for i in range(n_jobs)],
                  schema=migrated.schema_name)
@@ -163,7 +163,7 @@ def test_twenty_concurrent_posts_coalesce(served: tuple[DrainerProcess, int, str
 def test_wait_holds_the_request_until_the_drain_ends(served: tuple[DrainerProcess, int, str],
                                                      migrated: Settings,
                                                      conn: psycopg.Connection[Any]) -> None:
-    proc, port, _ = served
+    _proc, port, _ = served
     enqueue_many(conn, [JobSpec("noop", {}) for _ in range(3)], schema=migrated.schema_name)
     status, body = _request(port, "POST", "/drain?wait=1", AUTH)
     assert status == 200 and body["status"] == "done"
