@@ -418,7 +418,9 @@ class _Drain:
                     claimed, cursor, progressed = self.claim_round(cursor)
                     pending.extend(self.make_job(t, r) for t, r in claimed)
                     exhausted = not progressed
-                if self.stop.is_set():
+                if self.stop.is_set() or (limited and self.report.stopped_by == "max_runtime"):
+                    # past the deadline, claimed jobs that have not started go back at
+                    # once: running a whole batch after it could overrun a platform limit
                     self.release(pending)
                 while pending and self.in_flight() < concurrency:
                     self.start(pending.popleft())
