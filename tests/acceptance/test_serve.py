@@ -197,3 +197,27 @@ def test_sigterm_finishes_or_releases_and_exits_0(served: tuple[DrainerProcess, 
     assert [n for (n,) in notes] == ["start", "end"]
     assert "received SIGTERM" in proc.stderr()
     assert _sessions(conn, app_name) == 0
+
+
+def test_enqueue_triggers_a_drain_through_serve(served: tuple[DrainerProcess, int, str],
+                                                migrated: Settings, pg_url: str,
+                                                conn: psycopg.Connection[Any]) -> None:
+    """The whole "jobs come from your app" path: enqueue, commit, POST, drain."""
+    _proc, port, _ = served
+    r = run_cli(["enqueue", "noop", '{"from": "app"}'], pg_url=pg_url,
+                schema=migrated.schema_name, DRAINER_TRIGGER_URL=f"http://127.0.0.1:{port}/drain",
+                DRAINER_TRIGGER_TOKEN=TOKEN, timeout=30)
+    assert r.returncode == 0, r.stderr
+    job_id = json.loads(r.stdout)["id"]
+    deadline = time.monotonic() + 10
+    status = None
+    while time.monotonic() < deadline:
+        row = conn.execute(sql.SQL("SELECT status FROM {} WHERE id = %s")
+                           .format(sql.Identifier(migrated.schema_name, "jobs")),
+                           [job_id]).fetchone()
+        status = row[0] if row else None
+        if status == "done":
+            break
+        time.sleep(0.02)
+    assert status == "done"
+    assert _request(port, "GET", "/healthz")[1]["runs_started"] == 1

@@ -87,6 +87,13 @@ def test_notify_picks_a_job_up_within_a_second(notify_trigger: Settings, pg_url:
     proc = _start(pg_url, schema, conn, "--min-poll-interval", "30", "--max-poll-interval",
                   "60", "--idle-timeout", "300")
     cleanup.append(proc)
+    # waiting sends nothing: the LISTEN session's last state change does not move
+    listen_name = f"wk_{schema}-listen"
+    sql_state = "SELECT state, state_change FROM pg_stat_activity WHERE application_name = %s"
+    before = conn.execute(sql_state, [listen_name]).fetchall()
+    time.sleep(1.5)
+    assert conn.execute(sql_state, [listen_name]).fetchall() == before
+    assert before[0][0] == "idle"
     latencies = []
     for _ in range(3):
         job_id, committed = _enqueue(pg_url, schema, "noop")
