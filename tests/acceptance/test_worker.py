@@ -197,3 +197,24 @@ def test_bad_poll_intervals_exit_2(args: list[str], needle: str, pg_url: str,
                 timeout=30)
     assert r.returncode == 2 and needle in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_delayed_job_is_run_when_it_comes_due(notify_trigger: Settings, pg_url: str,
+                                                conn: psycopg.Connection[Any],
+                                                cleanup: list[DrainerProcess]) -> None:
+    schema = notify_trigger.schema_name
+    proc = _start(pg_url, schema, conn, "--min-poll-interval", "30", "--max-poll-interval",
+                  "60")
+    cleanup.append(proc)
+    with psycopg.connect(pg_url, autocommit=True) as producer:
+        row = producer.execute(sql.SQL(
+            "INSERT INTO {} (queue, payload, run_at) VALUES "
+            "('noop', '{{}}', now() + interval '1.5 seconds') RETURNING id, run_at")
+            .format(sql.Identifier(schema, "jobs"))).fetchone()
+    assert row is not None
+    job_id, run_at = row
+    _wait_for(lambda: _job(conn, schema, job_id)[0] == "done", 6, "the delayed job")
+    finished = _job(conn, schema, job_id)[1]
+    assert finished is not None
+    assert 0 <= (finished - run_at).total_seconds() < 1.0  # not early, not at the 30 s poll
+    assert proc.terminate() == 0
