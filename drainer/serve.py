@@ -34,6 +34,8 @@ MAX_BODY_BYTES = 16 * 1024
 DISCARD_LIMIT_BYTES = 1024 * 1024
 #: Finished runs kept for GET /runs/<id>.
 KEEP_RUNS = 100
+#: Seconds a client may take to send its request (socket timeout of each read).
+REQUEST_TIMEOUT_S = 15.0
 #: Port when neither --port nor $PORT is given (Cloud Run's default).
 DEFAULT_PORT = 8080
 
@@ -203,6 +205,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "drainer"
     sys_version = ""
+    timeout = REQUEST_TIMEOUT_S  # a client that sends nothing does not hold a thread forever
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s %s", self.address_string(), format % args)
