@@ -221,3 +221,20 @@ def test_enqueue_triggers_a_drain_through_serve(served: tuple[DrainerProcess, in
         time.sleep(0.02)
     assert status == "done"
     assert _request(port, "GET", "/healthz")[1]["runs_started"] == 1
+
+
+def test_no_auth_and_a_missing_table(pg_url: str, schema: str,
+                                     conn: psycopg.Connection[Any]) -> None:
+    """--no-auth accepts untokened triggers; a drain on a missing table reports exit 4."""
+    proc = DrainerProcess(["serve", "--port", "0", "--no-auth"], pg_url=pg_url, schema=schema,
+                          DRAINER_APP="sample_jobs")
+    try:
+        port = int(proc.wait_log("listening on")["port"])
+        assert "--no-auth" in proc.stderr()
+        status, body = _request(port, "POST", "/drain?wait=1")
+        assert status == 200 and body["status"] == "error" and body["exit_code"] == 4
+        assert "drainer migrate" in body["error"]
+        assert _request(port, "GET", f"/runs/{body['run_id']}")[1]["status"] == "error"
+        assert proc.terminate() == 0
+    finally:
+        proc.kill()

@@ -218,3 +218,10 @@ def test_a_delayed_job_is_run_when_it_comes_due(notify_trigger: Settings, pg_url
     assert finished is not None
     assert 0 <= (finished - run_at).total_seconds() < 1.0  # not early, not at the 30 s poll
     assert proc.terminate() == 0
+
+
+def test_missing_schema_exits_4(pg_url: str, schema: str) -> None:
+    r = run_cli(["worker"], pg_url=pg_url, schema=schema, DRAINER_APP="sample_jobs",
+                timeout=30)
+    assert r.returncode == 4, r.stderr
+    assert "drainer migrate" in r.stderr and "Traceback" not in r.stderr
