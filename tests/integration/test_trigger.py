@@ -194,3 +194,18 @@ def test_open_transaction_is_refused(migrated: Settings, producer: psycopg.Conne
         pass
     producer.rollback()
     assert state.posts == []
+
+
+def test_autocommit_connection_works_too(migrated: Settings, conn: psycopg.Connection[Any],
+                                         counter: tuple[_Counter, str]) -> None:
+    state, url = counter
+    assert conn.autocommit
+    with trigger.transaction(conn, _settings(migrated, url)) as tx:
+        tx.enqueue("emails", {"n": 1})
+        tx.enqueue("emails", {"n": 2})
+    assert tx.fired is True and len(state.posts) == 1
+    with pytest.raises(KeyError), trigger.transaction(conn, _settings(migrated, url)) as tx:
+        tx.enqueue("emails", {"n": 3})
+        raise KeyError("rolled back")
+    assert len(state.posts) == 1
+    assert _count_jobs(conn, migrated.schema_name) == 2
