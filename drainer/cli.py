@@ -253,12 +253,20 @@ def build_parser() -> argparse.ArgumentParser:
             "the database.", _lazy("drainer.serve:serve_command"))
     p.add_argument("--host", default="127.0.0.1", help="Address to listen on "
                    "[default: 127.0.0.1].")
-    p.add_argument("--port", type=int, default=8080, help="Port [default: 8080].")
+    p.add_argument("--port", type=int, default=None, help="Port [default: $PORT (set by "
+                   "Cloud Run and Knative), else 8080; 0 picks a free one].")
+    p.add_argument("--no-auth", action="store_true",
+                   help="Accept POST /drain without a bearer token (only behind something "
+                   "that authenticates; by default serve refuses to start without "
+                   "DRAINER_TRIGGER_TOKEN).")
 
     p = add("worker", "Always-on worker: LISTEN/NOTIFY on a direct connection plus a "
             "fallback poll (keeps the compute awake).", _lazy("drainer.worker:worker_command"))
     p.add_argument("--max-poll-interval", metavar="SECONDS", default="60",
                    help="Longest fallback poll interval while empty [default: 60].")
+    p.add_argument("--min-poll-interval", metavar="SECONDS", default="1",
+                   help="First fallback poll interval after work was seen; doubles while "
+                   "the queue stays empty [default: 1].")
 
     p = add("audit", "Sample pg_stat_activity and name what keeps the compute awake.",
             _lazy("drainer.audit:audit_command"))

@@ -460,6 +460,8 @@ class _Drain:
                     pending.extend(self.make_job(t, r) for t, r in claimed)
                     exhausted = not progressed
                 if self.must_release():
+                    # shutdown, or past the deadline: claimed jobs that have not started go
+                    # back at once (running a whole batch could overrun a platform limit)
                     self.release(pending)
                 while pending and self.in_flight() < concurrency:
                     self.start(pending.popleft())
