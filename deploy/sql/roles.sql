@@ -7,6 +7,10 @@
 --   psql "$OWNER_DATABASE_URL" -v schema=drainer -v table=jobs \
 --        -v drainer_role=drainer -v producer_role=drainer_producer -f deploy/sql/roles.sql
 --
+-- Without psql (a web SQL console): `drainer migrate --print-grants [--drainer-role NAME]
+-- [--producer-role NAME] [--maintain]` prints the same statements for the configured schema
+-- and table, names filled in (a test checks both give the same privileges).
+--
 -- Variables (psql -v name=value), all optional:
 --   schema         schema of the jobs table               [drainer]
 --   table          the jobs table                         [jobs]

@@ -100,6 +100,20 @@ def wait_for_dead_tuples(conn: psycopg.Connection[Any], schema: str, at_least: i
         time.sleep(0.1)
 
 
+def sessions_of(conn: psycopg.Connection[Any], role: str, wait: float = 3.0) -> int:
+    """Sessions of ``role`` still open, once closed ones had ``wait`` seconds to go away
+    (a backend leaves pg_stat_activity just after its client hangs up)."""
+    deadline = time.monotonic() + wait
+    while True:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s",
+                           [role]).fetchone()
+        n = int(row[0]) if row else 0
+        if n == 0 or time.monotonic() > deadline:
+            return n
+        time.sleep(0.05)
+
+
 def make_dead_tuples(conn: psycopg.Connection[Any], schema: str, n: int) -> None:
     jobs = sql.Identifier(schema, "jobs")
     conn.execute(sql.SQL("INSERT INTO {} (queue, status, finished_at) SELECT 'scratch', "
@@ -201,8 +215,7 @@ def test_drainer_role_runs_the_whole_cycle(migrated: Settings, pg_url: str,
                                  vacuum_threshold=1)
         with caplog.at_level(logging.INFO, logger="drainer"):
             report = run_once(settings, registry=registry)
-        users = conn.execute("SELECT DISTINCT usename FROM pg_stat_activity "
-                             "WHERE usename = %s", [roles.drainer]).fetchall()
+        sessions = sessions_of(conn, roles.drainer)
 
     assert report.reaped == 1
     assert report.claimed == 22  # 20 + the failing one + the reaped one, claimed again
@@ -215,7 +228,7 @@ def test_drainer_role_runs_the_whole_cycle(migrated: Settings, pg_url: str,
                if r.name == "drainer.maintenance.vacuum" and r.levelno == logging.WARNING]
     assert len(skipped) == 1 and "skipping VACUUM" in skipped[0]
     assert "does not own the jobs table" in skipped[0]
-    assert users == []  # the run closed its connections
+    assert sessions == 0  # the run closed its connections
     archived = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
         sql.Identifier(schema, "jobs_archive"))).fetchone()
     assert archived == (3,)
@@ -332,3 +345,47 @@ def test_maintain_lets_the_drainer_role_vacuum_on_postgres_17(
         assert report.succeeded == 1
         assert report.vacuumed is True
         assert not [r for r in caplog.records if "skipping VACUUM" in r.getMessage()]
+
+
+# -- drainer migrate --print-grants ---------------------------------------------------------------
+
+
+def test_print_grants_gives_the_same_privileges_as_roles_sql(
+        migrated: Settings, pg_url: str, conn: psycopg.Connection[Any]) -> None:
+    schema = migrated.schema_name
+    suffix = uuid.uuid4().hex[:10]
+    drainer, producer = f"t_pgdrainer_{suffix}", f"t_pgproducer_{suffix}"
+    try:
+        printed = run_cli(["migrate", "--print-grants", "--drainer-role", drainer,
+                           "--producer-role", producer], pg_url=None, schema=schema)
+        assert printed.returncode == 0, printed.stderr
+        # plain SQL: any client runs it (psql here, reading stdin, no variables)
+        applied = subprocess.run([psql_binary(), pg_url, "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                                  "-f", "-"], input=printed.stdout, capture_output=True,
+                                 text=True, timeout=60)
+        assert applied.returncode == 0, applied.stderr
+        with least_privilege_roles(pg_url, schema) as roles:
+            assert privileges(conn, drainer, schema) == privileges(conn, roles.drainer, schema)
+            assert privileges(conn, producer, schema) == privileges(conn, roles.producer,
+                                                                    schema)
+        # and applying it twice changes nothing
+        again = subprocess.run([psql_binary(), pg_url, "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                                "-f", "-"], input=printed.stdout, capture_output=True,
+                               text=True, timeout=60)
+        assert again.returncode == 0, again.stderr
+    finally:
+        drop_roles(pg_url, drainer, producer)
+
+
+def test_print_grants_needs_no_database_and_quotes_names() -> None:
+    out = run_cli(["migrate", "--print-grants", "--schema", 'odd "schema"', "--table", "q",
+                   "--drainer-role", "d'x", "--maintain"], pg_url=None, schema=None)
+    assert out.returncode == 0, out.stderr
+    assert 'GRANT SELECT, INSERT, UPDATE, DELETE ON "odd ""schema"""."q" TO "d\'x";' in \
+        out.stdout
+    assert "WHERE rolname = 'd''x'" in out.stdout
+    assert 'GRANT MAINTAIN ON "odd ""schema"""."q" TO "d\'x";' in out.stdout
+    bad = run_cli(["migrate", "--print-grants", "--drainer-role", "x$drainer$y"],
+                  pg_url=None, schema=None)
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
