@@ -248,7 +248,7 @@ def section_cold(ctx: Ctx) -> list[str]:
 
 
 def section_enqueue(ctx: Ctx) -> list[str]:
-    from drainer.enqueue import JobSpec, enqueue_many
+    from drainer.producer import JobSpec, enqueue_many
 
     n = ctx.enqueue_n
     db = ctx.db

@@ -61,8 +61,8 @@ def _database(settings: Settings) -> Iterator[tuple[str, bool]]:
 def demo_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.db import connect
     from drainer.drain import run_once
-    from drainer.enqueue import JobSpec, enqueue_many
     from drainer.migrate import migrate
+    from drainer.producer import JobSpec, enqueue_many
     from drainer.status import collect_status, render_status
 
     with _database(settings) as (url, embedded):

@@ -59,8 +59,8 @@ class TriggerTransaction:
         """None until the block ends; then whether the trigger answered 2xx."""
 
     def enqueue(self, queue: str, payload: Any, **options: Any) -> int | None:
-        """:func:`drainer.enqueue.enqueue` on this transaction's connection and table."""
-        from drainer.enqueue import enqueue
+        """:func:`drainer.producer.enqueue` on this transaction's connection and table."""
+        from drainer.producer import enqueue
 
         job_id = enqueue(self.conn, queue, payload, schema=self.settings.schema_name,
                          table=self.settings.table, **options)
@@ -69,8 +69,8 @@ class TriggerTransaction:
         return job_id
 
     def enqueue_many(self, jobs: Iterable[Any]) -> int:
-        """:func:`drainer.enqueue.enqueue_many` on this transaction; returns jobs inserted."""
-        from drainer.enqueue import enqueue_many
+        """:func:`drainer.producer.enqueue_many` on this transaction; returns jobs inserted."""
+        from drainer.producer import enqueue_many
 
         result = enqueue_many(self.conn, jobs, schema=self.settings.schema_name,
                               table=self.settings.table)

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from drainer.enqueue import JobSpec, enqueue_many
+from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 from tests.acceptance.test_ops_cli import run_in_pty
 from tests.conftest import cli_env, run_cli

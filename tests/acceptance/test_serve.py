@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from drainer.enqueue import JobSpec, enqueue_many
+from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 from tests.acceptance._proc import DrainerProcess
 from tests.conftest import run_cli

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from drainer.enqueue import JobSpec, enqueue_many
+from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 from tests.deploy._paths import (
     DEPLOY,

@@ -26,8 +26,8 @@ from psycopg.conninfo import make_conninfo
 
 from drainer import Job, run_once
 from drainer.db import Queries, regclass_literal
-from drainer.enqueue import JobSpec, enqueue, enqueue_many
 from drainer.migrate import migrate
+from drainer.producer import JobSpec, enqueue, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings
 from tests.conftest import make_settings, run_cli

@@ -15,7 +15,7 @@ from psycopg import sql
 
 from drainer import Job, run_once
 from drainer.db import Queries
-from drainer.enqueue import JobSpec, enqueue, enqueue_many
+from drainer.producer import JobSpec, enqueue, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings
 from tests.conftest import make_settings

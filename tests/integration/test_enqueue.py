@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from drainer.enqueue import JobSpec, enqueue, enqueue_many
+from drainer.producer import JobSpec, enqueue, enqueue_many
 from drainer.settings import Settings
 
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from drainer import Job, run_once
-from drainer.enqueue import JobSpec, enqueue_many
+from drainer.producer import JobSpec, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings
 from tests.conftest import make_settings

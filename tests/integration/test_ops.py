@@ -11,7 +11,6 @@ import pytest
 from psycopg import sql
 
 from drainer import Job, run_once
-from drainer.enqueue import JobSpec, enqueue_many
 from drainer.errors import ConfigError
 from drainer.ops import (
     JobNotFound,
@@ -24,6 +23,7 @@ from drainer.ops import (
     render_jobs,
     retry_jobs,
 )
+from drainer.producer import JobSpec, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings
 from drainer.status import collect_status, render_status

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from drainer import serverless
-from drainer.enqueue import JobSpec, enqueue_many
+from drainer.producer import JobSpec, enqueue_many
 from drainer.registry import default_registry
 from drainer.settings import Settings
 from tests.conftest import ROOT

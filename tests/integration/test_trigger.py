@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 
 from drainer import trigger
-from drainer.enqueue import JobSpec
+from drainer.producer import JobSpec
 from drainer.settings import Settings
 from tests.conftest import make_settings
 

@@ -34,3 +34,11 @@ def test_fenced_statements_check_status_and_attempts() -> None:
 def test_no_table_name_is_pasted() -> None:
     for name, text in QUERIES.items():
         assert "drainer.jobs" not in text and '"jobs"' not in text, name
+
+
+def test_package_exports_the_functions() -> None:
+    import drainer
+    import drainer.producer  # importing the module must not shadow the function
+
+    assert callable(drainer.enqueue) and callable(drainer.enqueue_many)
+    assert callable(drainer.run_once) and callable(drainer.task)
