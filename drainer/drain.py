@@ -429,6 +429,7 @@ class _Drain:
                     self.flush()
                 if pending or self.in_flight():
                     if (self.stop.is_set() or (limited and not pending)) and self.in_flight():
+                        self.limit_reached()  # a signal may have come since the loop's top
                         self.release(pending)
                         self.wait_grace()
                         break
