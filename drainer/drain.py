@@ -85,13 +85,30 @@ class _Running:
 
 
 def format_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
-    """``Type: message`` and the end of the traceback, as kept in last_error."""
-    head = f"{type(exc).__name__}: {exc}".strip()
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    """``Type: message`` and the end of the traceback, as kept in last_error.
+
+    Never raises, and returns text PostgreSQL can store: an exception whose ``str()``
+    fails, a NUL byte or a lone surrogate in the message must not crash the run.
+    """
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<unprintable {type(exc).__name__}>"
+    head = f"{type(exc).__name__}: {message}".strip()
+    try:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        tb = ""
     text = head + "\n" + tb
     if len(text) > limit:
         text = head[: limit // 2] + "\n...\n" + tb[-(limit // 2):]
-    return text
+    return _storable(text)
+
+
+def _storable(text: str) -> str:
+    """``text`` without what a PostgreSQL text column refuses (NUL, invalid UTF-8)."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _call(task: Task, job: Job) -> _Outcome:
@@ -296,7 +313,12 @@ class _Drain:
             self.pool.submit(r)
 
     def _thread_main(self, r: _Running) -> None:
-        self.done_q.put(_call(r.task, r.job))
+        try:
+            outcome = _call(r.task, r.job)
+        except BaseException as exc:  # a lost outcome would leave the drain waiting forever
+            outcome = _Outcome(r.job, r.task, False,
+                               f"{type(exc).__name__} while running the handler")
+        self.done_q.put(outcome)
 
     def collect(self, block_for: float) -> None:
         """Move finished handlers' outcomes to the write buffers; enforce timeouts."""
