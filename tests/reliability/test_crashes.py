@@ -103,7 +103,7 @@ def test_backend_terminated_mid_drain_exits_3_or_recovers_and_loses_nothing(
     wait_for(lambda: len(executions(tmp_path, "end")) >= 3, 30, "three jobs to finish")
     assert wait_for(lambda: _terminate_drainer_backend(conn, schema), 5,
                     "the drainer's backend") == 1
-    code, out, err = finish(proc, timeout=30)  # never hangs
+    code, _out, err = finish(proc, timeout=30)  # never hangs
     lines = err.strip().splitlines()
     assert code in (0, 3), err[-2000:]
     if code == 3:

@@ -49,7 +49,7 @@ def test_poison_jobs_fail_after_max_attempts_and_the_rest_drains(
 
     codes = []
     for _ in range(8):  # each run drains what is due; retries come back 20-40 ms later
-        code, out, err = finish(start_drainer(
+        code, _out, err = finish(start_drainer(
             ["run-once", "--concurrency", "4", "--retry-base", "0.01", "--lease", "5"],
             pg_url=pg_url, schema=schema, log_dir=tmp_path), timeout=60)
         codes.append(code)
@@ -96,7 +96,7 @@ def test_handler_that_kills_its_process_fails_after_max_attempts(
             return all(r["expired"] for r in jobs(conn, schema).values()
                        if r["status"] == "running")
         wait_for(expired, 10, "the dead drainer's leases to expire")
-        code, _out, err = finish(start_drainer(args, pg_url=pg_url, schema=schema,
+        code, _out, _err = finish(start_drainer(args, pg_url=pg_url, schema=schema,
                                                log_dir=tmp_path), timeout=60)
         codes.append(code)
         if code == 0:
