@@ -80,3 +80,21 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str, str]:
         raise AssertionError(f"drainer hung for {timeout}s; stderr tail: {err[-2000:]}"
                              ) from None
     return proc.returncode, out, err
+
+
+SECRET = "S3cretPw_xyz"
+
+
+def secret_dsn(pg_url: str) -> tuple[str, str] | None:
+    """A working DSN holding a recognisable password, and that password; None when the
+    server checks passwords and the test URL has none."""
+    from drainer._redact import password_of
+    from tests.conftest import _reachable
+
+    existing = password_of(pg_url)
+    if existing:
+        return pg_url, existing
+    scheme, rest = pg_url.split("://", 1)
+    userinfo, host = rest.split("@", 1)
+    url = f"{scheme}://{userinfo.split(':', 1)[0]}:{SECRET}@{host}"
+    return (url, SECRET) if _reachable(url) else None
