@@ -91,10 +91,14 @@ CASES: dict[str, Case] = {
 
 
 def _snapshot(conn: psycopg.Connection[Any], schema: str) -> tuple[Any, ...]:
+    """Every row and every relation of our schema (other developers' schemas come and go
+    on the same server, so the check stays inside ours)."""
     rows = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY id").format(
         sql.Identifier(schema, "jobs"))).fetchall()
-    schemas = conn.execute("SELECT count(*) FROM pg_namespace").fetchone()
-    return tuple(rows), schemas
+    relations = conn.execute(
+        "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE n.nspname = %s ORDER BY 1", [schema]).fetchall()
+    return tuple(rows), tuple(relations)
 
 
 def _error_lines(stderr: str) -> tuple[list[str], list[str]]:
