@@ -85,6 +85,9 @@ CASES: dict[str, Case] = {
     "negative concurrency": Case([*RUN, "--concurrency=-2"], 2, "--concurrency"),
     "negative batch size (env)": Case(RUN, 2, "DRAINER_BATCH_SIZE",
                                       env={"DRAINER_BATCH_SIZE": "-1"}),
+    "zero lease (env)": Case(RUN, 2, "DRAINER_LEASE", env={"DRAINER_LEASE": "0"}),
+    "zero concurrency (env)": Case(RUN, 2, "DRAINER_CONCURRENCY",
+                                   env={"DRAINER_CONCURRENCY": "0"}),
     "unknown flag": Case([*RUN, "--no-such-flag"], 2, "unrecognized arguments"),
     "unknown command": Case(["frobnicate"], 2, "invalid choice"),
 }
