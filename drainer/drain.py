@@ -12,7 +12,6 @@ import traceback
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -89,13 +88,30 @@ class _Running:
 
 
 def format_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
-    """``Type: message`` and the end of the traceback, as kept in last_error."""
-    head = f"{type(exc).__name__}: {exc}".strip()
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    """``Type: message`` and the end of the traceback, as kept in last_error.
+
+    Never raises, and returns text PostgreSQL can store: an exception whose ``str()``
+    fails, a NUL byte or a lone surrogate in the message must not crash the run.
+    """
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<unprintable {type(exc).__name__}>"
+    head = f"{type(exc).__name__}: {message}".strip()
+    try:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        tb = ""
     text = head + "\n" + tb
     if len(text) > limit:
         text = head[: limit // 2] + "\n...\n" + tb[-(limit // 2):]
-    return text
+    return _storable(text)
+
+
+def _storable(text: str) -> str:
+    """``text`` without what a PostgreSQL text column refuses (NUL, invalid UTF-8)."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _call(task: Task, job: Job) -> _Outcome:
@@ -217,7 +233,7 @@ class _Drain:
         self.done_q: queue_mod.SimpleQueue[_Outcome] = queue_mod.SimpleQueue()
         self.ok_buf: list[_Outcome] = []
         self.fail_buf: list[_Outcome] = []
-        self.pool: ThreadPoolExecutor | None = None
+        self.pool: _HandlerThreads | None = None
         leases = [self._lease(registry.tasks[q]) for q in queues]
         self.heartbeat = _Heartbeat(self, max(0.05, min(leases) * HEARTBEAT_FRACTION))
         self.progress: Callable[[RunReport], None] | None = None
@@ -311,16 +327,20 @@ class _Drain:
             t = threading.Thread(target=self._thread_main, args=(r,), daemon=True,
                                  name=f"drainer-job-{r.job.id}")
             t.start()
-        elif self.settings.concurrency == 1 and not _loop_running():
-            self.done_q.put(_call(r.task, r.job))
         else:
+            # Never on the main thread: a signal must be able to release the unstarted
+            # jobs at once and to cut a handler short after the grace period.
             if self.pool is None:
-                self.pool = ThreadPoolExecutor(self.settings.concurrency,
-                                               thread_name_prefix="drainer-handler")
-            self.pool.submit(self._thread_main, r)
+                self.pool = _HandlerThreads(self.settings.concurrency, self._thread_main)
+            self.pool.submit(r)
 
     def _thread_main(self, r: _Running) -> None:
-        self.done_q.put(_call(r.task, r.job))
+        try:
+            outcome = _call(r.task, r.job)
+        except BaseException as exc:  # a lost outcome would leave the drain waiting forever
+            outcome = _Outcome(r.job, r.task, False,
+                               f"{type(exc).__name__} while running the handler")
+        self.done_q.put(outcome)
 
     def collect(self, block_for: float) -> None:
         """Move finished handlers' outcomes to the write buffers; enforce timeouts."""
@@ -462,17 +482,19 @@ class _Drain:
                 if self.must_release():
                     # shutdown, or past the deadline: claimed jobs that have not started go
                     # back at once (running a whole batch could overrun a platform limit)
-                    self.release(pending)
-                while pending and self.in_flight() < concurrency:
+                    self.release(pending, take_back=True)
+                while pending and self.in_flight() < self._slots(pending[0], concurrency):
                     self.start(pending.popleft())
                 busy = self.in_flight()
-                self.collect(0.05 if busy and (not pending or busy >= concurrency) else 0)
+                full = not pending or busy >= self._slots(pending[0], concurrency)
+                self.collect(0.05 if busy and full else 0)
                 buffered = len(self.ok_buf) + len(self.fail_buf)
                 if buffered and (not pending or buffered >= self.settings.batch_size):
                     self.flush()
                 if pending or self.in_flight():
                     if (self.must_release() or (limited and not pending)) and self.in_flight():
-                        self.release(pending)
+                        self.limit_reached()  # a signal may have come since the loop's top
+                        self.release(pending, take_back=self.must_release())
                         self.wait_grace()
                         break
                     continue
@@ -482,7 +504,7 @@ class _Drain:
             self.flush()
             self.heartbeat.stop()
             if self.pool is not None:
-                self.pool.shutdown(wait=False, cancel_futures=True)
+                self.pool.shutdown()
 
     def must_release(self) -> bool:
         """Shutdown or the deadline: claimed jobs that have not started go back at once.
@@ -492,11 +514,26 @@ class _Drain:
         return self.stop.is_set() or (
             self.deadline is not None and time.monotonic() >= self.deadline)
 
-    def release(self, pending: deque[_Running]) -> None:
-        if not pending:
-            return
+    @staticmethod
+    def _slots(r: _Running, concurrency: int) -> int:
+        """How many jobs may be in flight before ``r`` starts: handler threads get one
+        job queued ahead each, so that they never wait for this loop between jobs."""
+        return concurrency if r.timeout_at is not None else 2 * concurrency
+
+    def release(self, pending: deque[_Running], take_back: bool = False) -> None:
+        """Give back the claimed jobs that did not start (with ``take_back``, also those
+        queued to handler threads but not picked up yet), without using up an attempt."""
         jobs = list(pending)
         pending.clear()
+        if self.pool is not None and take_back:
+            taken = self.pool.take_back()
+            with self.lock:
+                for r in taken:
+                    r.done = True
+                    self.running.pop(r.job.id, None)
+            jobs.extend(taken)
+        if not jobs:
+            return
         released = self.q.release_many([r.job.id for r in jobs], [r.job.attempt for r in jobs])
         self.report.released += len(released)
         logger.info("released %d claimed jobs that had not started", len(released),
@@ -509,6 +546,7 @@ class _Drain:
             self.collect(min(0.1, max(0.0, until - time.monotonic())))
             if self.ok_buf or self.fail_buf:
                 self.flush()
+        self.release(deque(), take_back=True)
         with self.lock:
             left = [r for r in self.running.values() if not r.done]
         for r in left:
@@ -518,18 +556,56 @@ class _Drain:
                            extra=self.job_extra(r.job, outcome="abandoned"))
 
 
+class _HandlerThreads:
+    """N daemon threads running handlers, fed from a queue the drain loop can take back.
+
+    Daemon threads, unlike ThreadPoolExecutor's, do not hold up the process's exit: a
+    handler still running after the grace period is left to its lease, as promised.
+    Jobs queued but not picked up yet can be taken back and released on shutdown.
+    """
+
+    def __init__(self, n: int, target: Callable[[_Running], None]) -> None:
+        self.cond = threading.Condition()
+        self.work: deque[_Running] = deque()
+        self.closed = False
+        self.target = target
+        self.threads = [threading.Thread(target=self._main, daemon=True,
+                                         name=f"drainer-handler-{i}") for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, r: _Running) -> None:
+        with self.cond:
+            self.work.append(r)
+            self.cond.notify()
+
+    def take_back(self) -> list[_Running]:
+        with self.cond:
+            taken = list(self.work)
+            self.work.clear()
+        return taken
+
+    def _main(self) -> None:
+        while True:
+            with self.cond:
+                while not self.work and not self.closed:
+                    self.cond.wait()
+                if not self.work:
+                    return
+                r = self.work.popleft()
+            self.target(r)
+
+    def shutdown(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.work.clear()
+            self.cond.notify_all()
+
+
 class _HandlerFailed(Exception):
     def __init__(self, outcome: _Outcome) -> None:
         super().__init__(outcome.error)
         self.outcome = outcome
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def resolve_queues(settings: Settings, registry: Registry) -> list[str]:
