@@ -15,9 +15,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from drainer.enqueue import JobSpec, enqueue_many
 from psycopg import sql
 
+from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 from tests.conftest import run_cli
 from tests.reliability._helpers import secret_dsn

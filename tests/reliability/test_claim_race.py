@@ -17,10 +17,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from drainer.enqueue import JobSpec, enqueue_many
 from psycopg import sql
 
 from drainer.db import Queries
+from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 
 JOBS = 10_000

@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from drainer.enqueue import JobSpec, enqueue_many
 
+from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 from tests.reliability._helpers import (
     executions,

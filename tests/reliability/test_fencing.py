@@ -9,7 +9,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from drainer.enqueue import enqueue
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -23,6 +22,7 @@ from hypothesis.stateful import (
 from psycopg import sql
 
 from drainer.db import Queries
+from drainer.producer import enqueue
 from drainer.settings import Settings
 from tests.reliability._helpers import jobs, wait_for
 
