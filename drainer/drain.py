@@ -331,7 +331,8 @@ class _Drain:
             # Never on the main thread: a signal must be able to release the unstarted
             # jobs at once and to cut a handler short after the grace period.
             if self.pool is None:
-                self.pool = _HandlerThreads(self.settings.concurrency, self._thread_main)
+                self.pool = _HandlerThreads(self.settings.concurrency, self._thread_main,
+                                            lambda: not self.must_release())
             self.pool.submit(r)
 
     def _thread_main(self, r: _Running) -> None:
@@ -564,7 +565,9 @@ class _HandlerThreads:
     Jobs queued but not picked up yet can be taken back and released on shutdown.
     """
 
-    def __init__(self, n: int, target: Callable[[_Running], None]) -> None:
+    def __init__(self, n: int, target: Callable[[_Running], None],
+                 may_start: Callable[[], bool]) -> None:
+        self.may_start = may_start
         self.cond = threading.Condition()
         self.work: deque[_Running] = deque()
         self.closed = False
@@ -588,8 +591,9 @@ class _HandlerThreads:
     def _main(self) -> None:
         while True:
             with self.cond:
-                while not self.work and not self.closed:
-                    self.cond.wait()
+                # after a stop, queued-ahead jobs stay put for take_back() to release
+                while (not self.work or not self.may_start()) and not self.closed:
+                    self.cond.wait(0.05 if self.work else None)
                 if not self.work:
                     return
                 r = self.work.popleft()

@@ -40,5 +40,5 @@ def test_package_exports_the_functions() -> None:
     import drainer
     import drainer.producer  # importing the module must not shadow the function
 
-    assert callable(drainer.producer) and callable(drainer.enqueue_many)
+    assert callable(drainer.enqueue) and callable(drainer.enqueue_many)
     assert callable(drainer.run_once) and callable(drainer.task)
