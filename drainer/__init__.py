@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from drainer.drain import RunReport, run_once
-    from drainer.enqueue import enqueue, enqueue_many
+    from drainer.producer import enqueue, enqueue_many
     from drainer.settings import Settings, load_settings
 
 # Heavy parts (psycopg, pydantic) load on first use: `from drainer import task` in an app
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "run_once": "drainer.drain",
     "RunReport": "drainer.drain",
-    "enqueue": "drainer.enqueue",
-    "enqueue_many": "drainer.enqueue",
+    "enqueue": "drainer.producer",
+    "enqueue_many": "drainer.producer",
     "Settings": "drainer.settings",
     "load_settings": "drainer.settings",
 }

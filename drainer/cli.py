@@ -112,6 +112,17 @@ def print_json(obj: Any) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    if args.print_grants:
+        from drainer.grants import render_grants
+
+        try:
+            sys.stdout.write(render_grants(
+                settings.schema_name, settings.table, drainer_role=args.drainer_role,
+                producer_role=args.producer_role, maintain=args.maintain))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return 0
+
     from drainer.db import connect
     from drainer.migrate import install_notify_trigger, migrate
 
@@ -140,7 +151,12 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.drain import run_once
     from drainer.progress import progress_printer
 
-    report = run_once(settings, handle_signals=True, progress=progress_printer())
+    progress = progress_printer()
+    try:
+        report = run_once(settings, handle_signals=True, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
     print_json(report.as_dict())
     return 0
 
@@ -190,6 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--notify-trigger", action="store_true",
                    help="Also install the AFTER INSERT trigger that pg_notify('drainer', "
                    "queue)s, for `drainer worker`.")
+    p.add_argument("--print-grants", action="store_true",
+                   help="Print the SQL that creates the least-privilege drainer and producer "
+                   "roles for this schema and table (as deploy/sql/roles.sql), without "
+                   "connecting, and exit.")
+    p.add_argument("--drainer-role", default="drainer", metavar="NAME",
+                   help="With --print-grants: the role drainer runs as [default: drainer].")
+    p.add_argument("--producer-role", default="drainer_producer", metavar="NAME",
+                   help="With --print-grants: the role producers enqueue as "
+                   "[default: drainer_producer].")
+    p.add_argument("--maintain", action="store_true",
+                   help="With --print-grants: also GRANT MAINTAIN (PostgreSQL 17+), so "
+                   "drainer may VACUUM the table it does not own.")
 
     p = add("enqueue", "Enqueue one job (JSON argument) or many (JSON lines on stdin).",
             cmd_enqueue)
@@ -206,9 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dedup-key", metavar="KEY", help="Skip the job when one with this key "
                    "is already queued or running.")
 
-    p = add("status", "Counts by queue and status, oldest due job, expired leases, table "
-            "health.", cmd_status)
-    p.add_argument("--json", action="store_true", help="One JSON object on stdout.")
+    p = add("status", "What the queue is doing, and the jobs table's health.", cmd_status)
+    p.description = ("What the queue is doing: jobs by queue and status, due jobs and the "
+            "oldest due job's age, expired leases waiting for the reaper, the next due time, "
+            "failed (dead-letter) counts with their most common errors, table and index "
+            "size, dead tuples, last (auto)vacuum, other drainer sessions and the oldest "
+            "open transaction. One connection, four statements.")
+    p.add_argument("--json", action="store_true", help="Print one JSON object on stdout "
+                   "(the default when stdout is not a terminal; on a terminal the output is "
+                   "a readable table).")
 
     add("run-once", "Drain every due job once, run maintenance, print the run report, exit.",
         cmd_run_once)
@@ -242,12 +276,20 @@ def build_parser() -> argparse.ArgumentParser:
             "the database.", _lazy("drainer.serve:serve_command"))
     p.add_argument("--host", default="127.0.0.1", help="Address to listen on "
                    "[default: 127.0.0.1].")
-    p.add_argument("--port", type=int, default=8080, help="Port [default: 8080].")
+    p.add_argument("--port", type=int, default=None, help="Port [default: $PORT (set by "
+                   "Cloud Run and Knative), else 8080; 0 picks a free one].")
+    p.add_argument("--no-auth", action="store_true",
+                   help="Accept POST /drain without a bearer token (only behind something "
+                   "that authenticates; by default serve refuses to start without "
+                   "DRAINER_TRIGGER_TOKEN).")
 
     p = add("worker", "Always-on worker: LISTEN/NOTIFY on a direct connection plus a "
             "fallback poll (keeps the compute awake).", _lazy("drainer.worker:worker_command"))
     p.add_argument("--max-poll-interval", metavar="SECONDS", default="60",
                    help="Longest fallback poll interval while empty [default: 60].")
+    p.add_argument("--min-poll-interval", metavar="SECONDS", default="1",
+                   help="First fallback poll interval after work was seen; doubles while "
+                   "the queue stays empty [default: 1].")
 
     p = add("audit", "Sample pg_stat_activity and name what keeps the compute awake. "
             "Exit 0 if the compute could suspend, 1 if something keeps it awake.",
@@ -266,7 +308,89 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only-pid", metavar="PID", action="append",
                    help="Only these backend pids (repeatable or comma-separated).")
 
+    _add_ops_commands(sub, add)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _add_ops_commands(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
+    """jobs, show, retry, cancel, purge (drainer/ops.py): each touches only what it names."""
+    out_help = ("Print one JSON object on stdout (the default when stdout is not a "
+                "terminal; on a terminal the output is a readable table).")
+    statuses = ("queued", "running", "done", "failed")
+
+    p = add("jobs", "List jobs, newest first, with the first line of their last_error.",
+            _lazy("drainer.ops:jobs_command"))
+    p.add_argument("--queue", dest="job_queue", metavar="QUEUE",
+                   help="Only jobs of this queue.")
+    p.add_argument("--status", choices=statuses, help="Only jobs with this status.")
+    p.add_argument("--limit", type=_positive_int, default=50, metavar="N",
+                   help="Show at most N jobs [default: 50].")
+    p.add_argument("--json", action="store_true", help=out_help)
+
+    p = add("show", "Show one job with its payload and full last_error.",
+            _lazy("drainer.ops:show_command"))
+    p.description = ("Show one job: every column, its payload and its full last_error "
+                     "(error and traceback tail). Exit 1 when there is no such job.")
+    p.add_argument("id", metavar="ID", type=_positive_int, help="The job's id.")
+    p.add_argument("--json", action="store_true", help=out_help)
+
+    p = add("retry", "Put failed jobs back in the queue (by id, queue, or all).",
+            _lazy("drainer.ops:retry_command"))
+    p.description = ("Put failed jobs back in the queue: status queued, attempts 0, due "
+            "now (last_error is kept until the job runs again). Give exactly one of --id, "
+            "--queue, --all-failed. Jobs whose dedup key is now held by a queued or "
+            "running job, and jobs cancelled while running whose owner's lease has not "
+            "run out yet, are skipped and counted; nothing else is touched. Prints the "
+            "counts.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", dest="ids", metavar="N", type=_positive_int, nargs="+",
+                       action="extend", help="These failed jobs (ids that are not failed "
+                       "are counted as not_failed / not_found and left alone).")
+    which.add_argument("--queue", dest="job_queue", metavar="QUEUE",
+                       help="Every failed job of this queue.")
+    which.add_argument("--all-failed", action="store_true",
+                       help="Every failed job of every queue.")
+    p.add_argument("--dry-run", action="store_true",
+                   help="Report what would be retried; change nothing.")
+    p.add_argument("--json", action="store_true", help=out_help)
+
+    p = add("cancel", "Cancel queued or running jobs by id.",
+            _lazy("drainer.ops:cancel_command"))
+    p.description = ("Cancel jobs: queued and running jobs become failed with last_error "
+            "'cancelled'. A running job's owner notices at its next heartbeat (within "
+            "about two thirds of the lease), sets job.cancelled so the handler can stop, "
+            "and its outcome is not written; a handler that ignores job.cancelled runs to "
+            "its end. Done and failed jobs are left alone; jobs locked by a transaction "
+            "(a transaction-mode job in flight) are counted as busy. Prints the counts.")
+    p.add_argument("--id", dest="ids", metavar="N", type=_positive_int, nargs="+",
+                   action="extend", required=True, help="The jobs to cancel.")
+    p.add_argument("--dry-run", action="store_true",
+                   help="Report what would be cancelled; change nothing.")
+    p.add_argument("--json", action="store_true", help=out_help)
+
+    p = add("purge", "Delete old done or failed jobs now (manual archival).",
+            _lazy("drainer.ops:purge_command"))
+    p.description = ("Delete finished jobs now (manual archival), in batches of "
+                     "DRAINER_ARCHIVE_BATCH_SIZE rows a statement. Queued and running jobs "
+                     "are never purged. Prints the count.")
+    p.add_argument("--status", required=True, choices=("done", "failed"),
+                   help="Which finished jobs: done, or failed (the dead-letter queue).")
+    p.add_argument("--older-than", required=True, metavar="AGE",
+                   help="Only jobs finished longer ago than this: seconds or 30s, 15m, "
+                   "12h, 7d (0 = all of them).")
+    p.add_argument("--dry-run", action="store_true",
+                   help="Count what would be purged; change nothing.")
+    p.add_argument("--json", action="store_true", help=out_help)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -51,8 +51,8 @@ def _parse_payloads(args: argparse.Namespace) -> list[Any]:
 
 def enqueue_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.db import Queries, connect
-    from drainer.enqueue import JobSpec, enqueue, enqueue_many
     from drainer.migrate import check_schema
+    from drainer.producer import JobSpec, enqueue, enqueue_many
 
     if not args.queue.strip():
         raise ConfigError("QUEUE must not be empty")

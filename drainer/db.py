@@ -16,16 +16,18 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from drainer._redact import redact
-from drainer.errors import DatabaseUnavailable
+from drainer.errors import ConfigError, DatabaseUnavailable
 
 if TYPE_CHECKING:
     from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-APPLICATION_NAME = "drainer"
-
 _NAME_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.M)
+
+# A connection string libpq cannot use: a configuration error (exit 2), never retried.
+_MALFORMED = re.compile(r"invalid [\w ]*value|invalid port number|invalid connection option",
+                        re.I)
 
 # Errors that retrying will not fix: wrong password, unknown database or role, bad DSN.
 _PERMANENT = (
@@ -102,6 +104,12 @@ def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[
             opts.append(f"-c {name}={int(value * 1000)}")
         kwargs["options"] = " ".join(opts)
     dsn = settings.dsn
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)  # syntax only: no network
+    except psycopg.Error as exc:
+        # libpq quotes the word it choked on, which may be anything (even a password)
+        message = re.sub(r'(missing "=" after) "[^"]*"', r"\1 a word", _one_line(exc))
+        raise ConfigError(f"invalid database URL: {message}") from None
     attempts = settings.connect_retries + 1
     delay = 0.5
     last: Exception | None = None
@@ -112,6 +120,8 @@ def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[
         except psycopg.Error as exc:
             last = exc
             message = _one_line(exc)
+            if _MALFORMED.search(message):
+                raise ConfigError(f"invalid database URL: {message}") from None
             if any(p in message.lower() for p in _PERMANENT):
                 raise DatabaseUnavailable(f"cannot connect: {message}") from None
             if attempt < attempts:

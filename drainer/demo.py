@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 
 from psycopg import sql
 from pydantic import SecretStr
@@ -60,8 +61,8 @@ def _database(settings: Settings) -> Iterator[tuple[str, bool]]:
 def demo_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.db import connect
     from drainer.drain import run_once
-    from drainer.enqueue import JobSpec, enqueue_many
     from drainer.migrate import migrate
+    from drainer.producer import JobSpec, enqueue_many
     from drainer.status import collect_status, render_status
 
     with _database(settings) as (url, embedded):
@@ -69,6 +70,8 @@ def demo_command(args: argparse.Namespace, settings: Settings) -> int:
         run_settings = settings.model_copy(update={
             "database_url": SecretStr(url),
             "schema_name": schema,
+            # a short backoff so the demo can show retries succeeding (default 10 s)
+            "retry_base": min(settings.retry_base, 1.0),
         })
         try:
             with connect(run_settings) as conn:
@@ -88,11 +91,22 @@ def demo_command(args: argparse.Namespace, settings: Settings) -> int:
             report = run_once(run_settings, registry=demo_registry())
             sys.stdout.write(json.dumps(report.as_dict(), default=str) + "\n")
             sys.stdout.flush()
+            _say(f"demo: {report.succeeded} succeeded, {report.retried} wait for a retry "
+                 f"(backoff {run_settings.retry_base:g}s * 2^attempts), {report.failed} "
+                 f"failed, in {report.duration_s:.2f}s with one connection, now closed.")
+            if report.next_due_at:
+                wait = (datetime.fromisoformat(report.next_due_at)
+                        - datetime.now(timezone.utc)).total_seconds()
+                _say(f"\ndemo: no connection open; waking again in {max(wait, 0):.1f}s "
+                     "when the retries are due ...")
+                time.sleep(max(wait, 0) + 0.1)
+                report = run_once(run_settings, registry=demo_registry())
+                sys.stdout.write(json.dumps(report.as_dict(), default=str) + "\n")
+                sys.stdout.flush()
+                _say(f"demo: second drain: {report.succeeded} succeeded, {report.failed} "
+                     "failed.")
             _say("")
             _say(render_status(collect_status(run_settings)))
-            _say(f"\ndemo: {report.succeeded} succeeded, {report.retried} wait for a retry "
-                 f"(next due {report.next_due_at}), {report.failed} failed, in "
-                 f"{report.duration_s:.2f}s with one connection.")
         finally:
             if not embedded and not args.keep:
                 with connect(run_settings) as conn:

@@ -12,7 +12,6 @@ import traceback
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -34,6 +33,8 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_FRACTION = 1 / 3
 #: Longest error text kept in last_error.
 MAX_ERROR_CHARS = 4000
+#: With a progress line (a terminal), remaining due jobs are counted at most this often.
+PROGRESS_DUE_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -70,6 +71,7 @@ class _Outcome:
     task: Task
     ok: bool
     error: str | None = None
+    duration_s: float = 0.0
 
 
 @dataclass
@@ -86,17 +88,41 @@ class _Running:
 
 
 def format_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
-    """``Type: message`` and the end of the traceback, as kept in last_error."""
-    head = f"{type(exc).__name__}: {exc}".strip()
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    """``Type: message`` and the end of the traceback, as kept in last_error.
+
+    Never raises, and returns text PostgreSQL can store: an exception whose ``str()``
+    fails, a NUL byte or a lone surrogate in the message must not crash the run.
+    """
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<unprintable {type(exc).__name__}>"
+    head = f"{type(exc).__name__}: {message}".strip()
+    try:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        tb = ""
     text = head + "\n" + tb
     if len(text) > limit:
         text = head[: limit // 2] + "\n...\n" + tb[-(limit // 2):]
-    return text
+    return _storable(text)
+
+
+def _storable(text: str) -> str:
+    """``text`` without what a PostgreSQL text column refuses (NUL, invalid UTF-8)."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _call(task: Task, job: Job) -> _Outcome:
     """Run one handler and catch whatever it raises."""
+    started = time.monotonic()
+    outcome = _call_handler(task, job)
+    outcome.duration_s = round(time.monotonic() - started, 6)
+    return outcome
+
+
+def _call_handler(task: Task, job: Job) -> _Outcome:
     try:
         if task.is_async:
             coro = task.func(job)
@@ -146,6 +172,8 @@ class _Heartbeat(threading.Thread):
         if not candidates:
             return set()
         with self.lock:
+            if self.stopped.is_set():
+                return set()  # the drain is over: never open a connection after it
             if self.conn is None or self.conn.closed:
                 self.conn = db.connect(self.drain.settings, purpose="heartbeat")
                 self.queries = db.Queries(self.conn, self.drain.settings.schema_name,
@@ -163,9 +191,9 @@ class _Heartbeat(threading.Thread):
             else:
                 r.lost = True
                 r.job.cancelled.set()
-                logger.warning("job %d is no longer ours (lease lost): its handler was told "
-                               "to stop and its outcome will not be written", r.job.id,
-                               extra={"job_id": r.job.id, "queue": r.job.queue})
+                logger.warning("job %d is no longer ours (lease lost or cancelled): its "
+                               "handler was told to stop and its outcome will not be "
+                               "written", r.job.id, extra=self.drain.job_extra(r.job))
         return set(kept)
 
     def _close(self) -> None:
@@ -178,7 +206,8 @@ class _Heartbeat(threading.Thread):
                     self.queries = None
 
     def stop(self) -> None:
-        self.stopped.set()
+        with self.lock:
+            self.stopped.set()
         if self.is_alive():
             self.join(timeout=5)
         self._close()
@@ -189,7 +218,7 @@ class _Drain:
 
     def __init__(self, settings: Settings, registry: Registry, conn: psycopg.Connection[Any],
                  queues: list[str], report: RunReport, stop: threading.Event,
-                 deadline: float | None) -> None:
+                 deadline: float | None, hurry: threading.Event) -> None:
         self.settings = settings
         self.registry = registry
         self.conn = conn
@@ -197,16 +226,25 @@ class _Drain:
         self.queues = queues
         self.report = report
         self.stop = stop
+        self.hurry = hurry
         self.deadline = deadline
         self.lock = threading.Lock()
         self.running: dict[int, _Running] = {}
         self.done_q: queue_mod.SimpleQueue[_Outcome] = queue_mod.SimpleQueue()
         self.ok_buf: list[_Outcome] = []
         self.fail_buf: list[_Outcome] = []
-        self.pool: ThreadPoolExecutor | None = None
+        self.pool: _HandlerThreads | None = None
         leases = [self._lease(registry.tasks[q]) for q in queues]
         self.heartbeat = _Heartbeat(self, max(0.05, min(leases) * HEARTBEAT_FRACTION))
         self.progress: Callable[[RunReport], None] | None = None
+        self._due_checked = time.monotonic()
+        self._due_base: tuple[int, int] | None = None
+
+    # -- logs -------------------------------------------------------------------------------------
+    def job_extra(self, job: Job, **fields: Any) -> dict[str, Any]:
+        """The fields every job log line carries (JSON keys, or key=value on a TTY)."""
+        return {"run_id": self.report.run_id, "job_id": job.id, "queue": job.queue,
+                "attempt": job.attempt, **fields}
 
     # -- options ----------------------------------------------------------------------------------
     def _lease(self, task: Task) -> float:
@@ -289,16 +327,21 @@ class _Drain:
             t = threading.Thread(target=self._thread_main, args=(r,), daemon=True,
                                  name=f"drainer-job-{r.job.id}")
             t.start()
-        elif self.settings.concurrency == 1 and not _loop_running():
-            self.done_q.put(_call(r.task, r.job))
         else:
+            # Never on the main thread: a signal must be able to release the unstarted
+            # jobs at once and to cut a handler short after the grace period.
             if self.pool is None:
-                self.pool = ThreadPoolExecutor(self.settings.concurrency,
-                                               thread_name_prefix="drainer-handler")
-            self.pool.submit(self._thread_main, r)
+                self.pool = _HandlerThreads(self.settings.concurrency, self._thread_main,
+                                            lambda: not self.must_release())
+            self.pool.submit(r)
 
     def _thread_main(self, r: _Running) -> None:
-        self.done_q.put(_call(r.task, r.job))
+        try:
+            outcome = _call(r.task, r.job)
+        except BaseException as exc:  # a lost outcome would leave the drain waiting forever
+            outcome = _Outcome(r.job, r.task, False,
+                               f"{type(exc).__name__} while running the handler")
+        self.done_q.put(outcome)
 
     def collect(self, block_for: float) -> None:
         """Move finished handlers' outcomes to the write buffers; enforce timeouts."""
@@ -321,7 +364,8 @@ class _Drain:
             r.job.cancelled.set()
             self._settle(_Outcome(r.job, r.task, False,
                                   f"TimeoutError: handler exceeded its timeout of "
-                                  f"{self._timeout(r.task)}s (abandoned, told to stop)"))
+                                  f"{self._timeout(r.task)}s (abandoned, told to stop)",
+                                  round(now - r.started, 6)))
 
     def _settle(self, outcome: _Outcome) -> None:
         with self.lock:
@@ -333,15 +377,10 @@ class _Drain:
         if r.lost:
             self.report.lost += 1
             logger.warning("job %d finished after its lease was lost: outcome not written",
-                           r.job.id, extra={"job_id": r.job.id, "queue": r.job.queue})
+                           r.job.id, extra=self.job_extra(r.job, outcome="lost",
+                                                          duration_s=outcome.duration_s))
             return
         (self.ok_buf if outcome.ok else self.fail_buf).append(outcome)
-        if not outcome.ok:
-            logger.info("job %d failed (attempt %d/%d): %s", r.job.id, r.job.attempt,
-                        r.job.max_attempts, (outcome.error or "").split("\n", 1)[0],
-                        extra={"job_id": r.job.id, "queue": r.job.queue,
-                               "attempt": r.job.attempt,
-                               "duration_s": round(time.monotonic() - r.started, 6)})
 
     def in_flight(self) -> int:
         with self.lock:
@@ -354,6 +393,11 @@ class _Drain:
             written = self.q.complete_many([o.job.id for o in buf], [o.job.attempt for o in buf],
                                            delete=self.settings.delete_on_complete)
             self.report.succeeded += len(written)
+            if logger.isEnabledFor(logging.DEBUG):
+                for o in buf:
+                    if o.job.id in written:
+                        logger.debug("job %d succeeded", o.job.id, extra=self.job_extra(
+                            o.job, outcome="succeeded", duration_s=o.duration_s))
             self._count_lost(buf, written)
         if self.fail_buf:
             buf, self.fail_buf = self.fail_buf, []
@@ -362,13 +406,30 @@ class _Drain:
                 [o.error or "unknown error" for o in buf],
                 [o.task.max_attempts for o in buf],
                 self.settings.retry_base, self.settings.retry_cap)
-            for _id, status, _run_at in rows:
+            by_id = {o.job.id: o for o in buf}
+            for job_id, status, run_at in rows:
                 if status == "failed":
                     self.report.failed += 1
                 else:
                     self.report.retried += 1
+                o = by_id[job_id]
+                first = (o.error or "").split("\n", 1)[0]
+                logger.info("job %d failed (attempt %d/%d): %s; %s", job_id, o.job.attempt,
+                            o.job.max_attempts, first,
+                            "failed for good" if status == "failed" else
+                            f"retry at {run_at.isoformat()}",
+                            extra=self.job_extra(o.job, outcome="failed" if status == "failed"
+                                                 else "retried", duration_s=o.duration_s,
+                                                 error=first))
             self._count_lost(buf, {r[0] for r in rows})
         if self.progress is not None:
+            now = time.monotonic()
+            if now - self._due_checked >= PROGRESS_DUE_INTERVAL_S:
+                self._due_checked = now
+                self._due_base = self.q.queue_summary(self.queues)[0], self.report.claimed
+            if self._due_base is not None:  # between counts: minus what was claimed since
+                due, claimed = self._due_base
+                self.report.remaining_due = max(0, due - (self.report.claimed - claimed))
             self.progress(self.report)
 
     def _count_lost(self, buf: list[_Outcome], written: set[int]) -> None:
@@ -377,8 +438,8 @@ class _Drain:
                 self.report.lost += 1
                 logger.warning(
                     "job %d: outcome not written (UPDATE 0): it is no longer ours, another "
-                    "worker owns it or it was reaped", o.job.id,
-                    extra={"job_id": o.job.id, "queue": o.job.queue, "attempt": o.job.attempt})
+                    "worker owns it, it was reaped or cancelled", o.job.id,
+                    extra=self.job_extra(o.job, outcome="lost", duration_s=o.duration_s))
 
     # -- transaction mode -------------------------------------------------------------------------
     def run_transaction_batch(self, task: Task, size: int) -> int:
@@ -390,6 +451,7 @@ class _Drain:
             for row in rows:
                 r = self.make_job(task, row)
                 r.job.conn = conn
+                r.job._extend = None  # the claim's transaction holds the row lock
                 try:
                     with conn.transaction():
                         outcome = _call(task, r.job)
@@ -418,18 +480,22 @@ class _Drain:
                     claimed, cursor, progressed = self.claim_round(cursor)
                     pending.extend(self.make_job(t, r) for t, r in claimed)
                     exhausted = not progressed
-                if self.stop.is_set():
-                    self.release(pending)
-                while pending and self.in_flight() < concurrency:
+                if self.must_release():
+                    # shutdown, or past the deadline: claimed jobs that have not started go
+                    # back at once (running a whole batch could overrun a platform limit)
+                    self.release(pending, take_back=True)
+                while pending and self.in_flight() < self._slots(pending[0], concurrency):
                     self.start(pending.popleft())
                 busy = self.in_flight()
-                self.collect(0.05 if busy and (not pending or busy >= concurrency) else 0)
+                full = not pending or busy >= self._slots(pending[0], concurrency)
+                self.collect(0.05 if busy and full else 0)
                 buffered = len(self.ok_buf) + len(self.fail_buf)
                 if buffered and (not pending or buffered >= self.settings.batch_size):
                     self.flush()
                 if pending or self.in_flight():
-                    if (self.stop.is_set() or (limited and not pending)) and self.in_flight():
-                        self.release(pending)
+                    if (self.must_release() or (limited and not pending)) and self.in_flight():
+                        self.limit_reached()  # a signal may have come since the loop's top
+                        self.release(pending, take_back=self.must_release())
                         self.wait_grace()
                         break
                     continue
@@ -439,45 +505,111 @@ class _Drain:
             self.flush()
             self.heartbeat.stop()
             if self.pool is not None:
-                self.pool.shutdown(wait=False, cancel_futures=True)
+                self.pool.shutdown()
 
-    def release(self, pending: deque[_Running]) -> None:
-        if not pending:
-            return
+    def must_release(self) -> bool:
+        """Shutdown or the deadline: claimed jobs that have not started go back at once.
+
+        (--max-jobs only stops claiming: what was claimed within the limit still runs.)
+        """
+        return self.stop.is_set() or (
+            self.deadline is not None and time.monotonic() >= self.deadline)
+
+    @staticmethod
+    def _slots(r: _Running, concurrency: int) -> int:
+        """How many jobs may be in flight before ``r`` starts: handler threads get one
+        job queued ahead each, so that they never wait for this loop between jobs."""
+        return concurrency if r.timeout_at is not None else 2 * concurrency
+
+    def release(self, pending: deque[_Running], take_back: bool = False) -> None:
+        """Give back the claimed jobs that did not start (with ``take_back``, also those
+        queued to handler threads but not picked up yet), without using up an attempt."""
         jobs = list(pending)
         pending.clear()
+        if self.pool is not None and take_back:
+            taken = self.pool.take_back()
+            with self.lock:
+                for r in taken:
+                    r.done = True
+                    self.running.pop(r.job.id, None)
+            jobs.extend(taken)
+        if not jobs:
+            return
         released = self.q.release_many([r.job.id for r in jobs], [r.job.attempt for r in jobs])
         self.report.released += len(released)
-        logger.info("released %d claimed jobs that had not started", len(released))
+        logger.info("released %d claimed jobs that had not started", len(released),
+                    extra={"run_id": self.report.run_id})
 
     def wait_grace(self) -> None:
         """Give running handlers the grace period, then leave them to their lease."""
         until = time.monotonic() + self.settings.grace
-        while self.in_flight() and time.monotonic() < until:
+        while self.in_flight() and time.monotonic() < until and not self.hurry.is_set():
             self.collect(min(0.1, max(0.0, until - time.monotonic())))
             if self.ok_buf or self.fail_buf:
                 self.flush()
+        self.release(deque(), take_back=True)
         with self.lock:
             left = [r for r in self.running.values() if not r.done]
         for r in left:
             r.job.cancelled.set()
             logger.warning("job %d still running after the %.0fs grace period: left to its "
                            "lease", r.job.id, self.settings.grace,
-                           extra={"job_id": r.job.id, "queue": r.job.queue})
+                           extra=self.job_extra(r.job, outcome="abandoned"))
+
+
+class _HandlerThreads:
+    """N daemon threads running handlers, fed from a queue the drain loop can take back.
+
+    Daemon threads, unlike ThreadPoolExecutor's, do not hold up the process's exit: a
+    handler still running after the grace period is left to its lease, as promised.
+    Jobs queued but not picked up yet can be taken back and released on shutdown.
+    """
+
+    def __init__(self, n: int, target: Callable[[_Running], None],
+                 may_start: Callable[[], bool]) -> None:
+        self.may_start = may_start
+        self.cond = threading.Condition()
+        self.work: deque[_Running] = deque()
+        self.closed = False
+        self.target = target
+        self.threads = [threading.Thread(target=self._main, daemon=True,
+                                         name=f"drainer-handler-{i}") for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, r: _Running) -> None:
+        with self.cond:
+            self.work.append(r)
+            self.cond.notify()
+
+    def take_back(self) -> list[_Running]:
+        with self.cond:
+            taken = list(self.work)
+            self.work.clear()
+        return taken
+
+    def _main(self) -> None:
+        while True:
+            with self.cond:
+                # after a stop, queued-ahead jobs stay put for take_back() to release
+                while (not self.work or not self.may_start()) and not self.closed:
+                    self.cond.wait(0.05 if self.work else None)
+                if not self.work:
+                    return
+                r = self.work.popleft()
+            self.target(r)
+
+    def shutdown(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.work.clear()
+            self.cond.notify_all()
 
 
 class _HandlerFailed(Exception):
     def __init__(self, outcome: _Outcome) -> None:
         super().__init__(outcome.error)
         self.outcome = outcome
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def resolve_queues(settings: Settings, registry: Registry) -> list[str]:
@@ -504,17 +636,20 @@ def resolve_queues(settings: Settings, registry: Registry) -> list[str]:
 
 
 @contextmanager
-def _signals_stop(stop: threading.Event) -> Iterator[None]:
+def _signals_stop(stop: threading.Event, hurry: threading.Event) -> Iterator[None]:
     """SIGTERM/SIGINT: stop claiming (a second signal cuts the grace period short)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    hits = {"n": 0}
-
     def handler(signum: int, frame: Any) -> None:
-        hits["n"] += 1
-        logger.info("received %s: stopping (no new claims; running jobs get the grace "
-                    "period)", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            logger.warning("received %s again: not waiting for running jobs (they are left "
+                           "to their lease)", name)
+            hurry.set()
+            return
+        logger.info("received %s: stopping (no new claims; claimed jobs that did not start "
+                    "are released; running jobs get the grace period)", name)
         stop.set()
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -548,14 +683,16 @@ def run_once(
         limit = started + settings.max_runtime
         deadline = limit if deadline is None else min(deadline, limit)
     report = RunReport(run_id=uuid.uuid4().hex[:12], queues=queues)
-    ctx = _signals_stop(stop) if handle_signals else _nullcontext()
+    hurry = threading.Event()
+    ctx = _signals_stop(stop, hurry) if handle_signals else _nullcontext()
     with ctx:
         conn = db.connect(settings)
         connected_at = time.monotonic()
         try:
-            drain = _Drain(settings, registry, conn, queues, report, stop, deadline)
+            drain = _Drain(settings, registry, conn, queues, report, stop, deadline, hurry)
             drain.progress = progress
             check_schema(drain.q)
+            logger.debug("drain started", extra={"run_id": report.run_id, "queues": queues})
             report.reaped = reaper.run_once(drain.q, queues).reaped
             drain.run()
             if not stop.is_set():
@@ -571,6 +708,7 @@ def run_once(
             conn.close()
             report.connected_s = round(time.monotonic() - connected_at, 6)
     report.duration_s = round(time.monotonic() - started, 6)
+    logger.debug("drain finished", extra=report.as_dict())
     if settings.pushgateway_url:
         _push_metrics(settings, report)
     return report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -52,11 +53,21 @@ class TextFormatter(logging.Formatter):
         return redact(line)
 
 
+class _TerminalHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Clears the live progress line (drainer/progress.py) before writing a log line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.write("\r\x1b[K")
+        super().emit(record)
+
+
 def setup_logging(level: str = "INFO", fmt: str = "auto", stream: TextIO | None = None) -> None:
     """Send drainer's logs to stderr in the chosen format (auto: text on a TTY)."""
     stream = stream or sys.stderr
     use_json = fmt == "json" or (fmt == "auto" and not stream.isatty())
-    handler = logging.StreamHandler(stream)
+    handler = (logging.StreamHandler(stream) if use_json or not is_tty(stream)
+               else _TerminalHandler(stream))
     handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
     root = logging.getLogger("drainer")
     for h in list(root.handlers):

@@ -4,33 +4,55 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from drainer.logs import is_tty
 
 if TYPE_CHECKING:
     from drainer.drain import RunReport
 
+#: Seconds a drain runs before the line appears (short drains print nothing).
+SHOW_AFTER_S = 1.0
+#: Shortest time between two redraws.
+MIN_INTERVAL_S = 0.5
 
-def progress_printer(min_interval: float = 0.5) -> Callable[[RunReport], None] | None:
-    """A callback that redraws one status line on stderr, or None when stderr is no TTY."""
+
+class ProgressLine:
+    """Redraws one line on a terminal: claimed, done, retried, failed, rate, remaining due."""
+
+    def __init__(self, stream: TextIO, min_interval: float = MIN_INTERVAL_S,
+                 show_after: float = SHOW_AFTER_S) -> None:
+        self.stream = stream
+        self.min_interval = min_interval
+        self.started = time.monotonic()
+        self.next_draw = self.started + show_after
+        self.shown = False
+
+    def __call__(self, report: RunReport) -> None:
+        now = time.monotonic()
+        if now < self.next_draw:
+            return
+        self.next_draw = now + self.min_interval
+        elapsed = max(now - self.started, 1e-9)
+        done = report.succeeded + report.retried + report.failed
+        self.stream.write(
+            f"\r\x1b[Kclaimed {report.claimed}  done {report.succeeded}  retried "
+            f"{report.retried}  failed {report.failed}  {done / elapsed:,.0f} jobs/s  "
+            f"due {report.remaining_due}"
+        )
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        """End the line so that what follows starts on a line of its own."""
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.shown = False
+
+
+def progress_printer(min_interval: float = MIN_INTERVAL_S) -> ProgressLine | None:
+    """A progress line on stderr, or None when stderr is no terminal."""
     if not is_tty():
         return None
-    started = time.monotonic()
-    last = [0.0]
-
-    def show(report: RunReport) -> None:
-        now = time.monotonic()
-        if now - last[0] < min_interval:
-            return
-        last[0] = now
-        elapsed = max(now - started, 1e-9)
-        done = report.succeeded + report.retried + report.failed
-        sys.stderr.write(
-            f"\r\x1b[Kclaimed {report.claimed}  done {report.succeeded}  retried "
-            f"{report.retried}  failed {report.failed}  {done / elapsed:,.0f} jobs/s"
-        )
-        sys.stderr.flush()
-
-    return show
+    return ProgressLine(sys.stderr, min_interval)

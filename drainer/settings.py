@@ -34,6 +34,8 @@ DEFAULT_STATEMENT_TIMEOUT_S = 60.0
 DEFAULT_LOCK_TIMEOUT_S = 10.0
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S = 120.0
 DEFAULT_APPLICATION_NAME = "drainer"
+DEFAULT_HANDLER_MARGIN_S = 10.0
+DEFAULT_HANDLER_BUDGET_S = 60.0  # Cloud Functions' default timeout
 
 #: Idle timeout (seconds) after which each platform suspends a compute with no activity.
 PLATFORM_IDLE_TIMEOUTS: dict[str, float] = {
@@ -241,6 +243,13 @@ class Settings(BaseSettings):
     pushgateway_url: str | None = _opt(
         None, "Prometheus Pushgateway that receives each run report.", "run"
     )
+    pushgateway_instance: str | None = _opt(
+        None,
+        "The 'instance' grouping key of the pushed metrics (default: the host name). Set a "
+        "stable name where host names change every run (Kubernetes pods).",
+        "run",
+        min_length=1,
+    )
 
     # -- waking ---------------------------------------------------------------------------------
     platform: Literal["neon", "aurora", "relyt", "supabase", "always-on"] | None = _opt(
@@ -251,6 +260,23 @@ class Settings(BaseSettings):
         "Seconds of inactivity after which the compute suspends (overrides --platform).",
         "wake",
         ge=0,
+    )
+
+    # -- serverless handlers (environment / pyproject only) ---------------------------------------
+    handler_margin: Seconds = _opt(
+        DEFAULT_HANDLER_MARGIN_S,
+        "Seconds a serverless handler keeps in reserve before the platform's time limit: "
+        "it stops claiming at (time left - margin) and gives running jobs at most half the "
+        "margin to finish.",
+        "serverless",
+        ge=0,
+    )
+    handler_budget: Seconds = _opt(
+        DEFAULT_HANDLER_BUDGET_S,
+        "Time limit of a Cloud Functions / HTTP function call in seconds (set it to the "
+        "function's timeout); the handler drains for budget - margin.",
+        "serverless",
+        gt=0,
     )
 
     @property

@@ -24,7 +24,7 @@ def collect_status(settings: Settings) -> dict[str, Any]:
     queues: dict[str, dict[str, Any]] = defaultdict(lambda: {
         "queued": 0, "running": 0, "done": 0, "failed": 0, "due": 0,
         "oldest_due_age_s": None, "next_due_at": None, "expired_leases": 0,
-        "top_failed_error": None,
+        "top_failed_error": None, "failed_errors": [],
     })
     for r in rows:
         qd = queues[r["queue"]]
@@ -35,10 +35,12 @@ def collect_status(settings: Settings) -> dict[str, Any]:
             qd["oldest_due_age_s"] = round(float(r["oldest_due_age_s"]), 3)
         if r["next_due_at"] is not None:
             qd["next_due_at"] = r["next_due_at"].isoformat()
-    for e in errors:
+    for e in errors:  # ranked: most common first, at most three per queue
         qd = queues[e["queue"]]
+        entry = {"error": e["error"], "jobs": e["jobs"]}
+        qd["failed_errors"].append(entry)
         if qd["top_failed_error"] is None:
-            qd["top_failed_error"] = {"error": e["error"], "jobs": e["jobs"]}
+            qd["top_failed_error"] = entry
     totals = {s: sum(q[s] for q in queues.values())
               for s in ("queued", "running", "done", "failed", "due", "expired_leases")}
     ages = [q["oldest_due_age_s"] for q in queues.values() if q["oldest_due_age_s"] is not None]
@@ -61,7 +63,13 @@ def collect_status(settings: Settings) -> dict[str, Any]:
         "last_autovacuum": _iso(t.get("last_autovacuum")),
         "last_vacuum": _iso(t.get("last_vacuum")),
         "last_autoanalyze": _iso(t.get("last_autoanalyze")),
+        "drainer_sessions": t.get("drainer_sessions"),
+        "oldest_xact_age_s": _round(t.get("oldest_xact_age_s")),
     }
+
+
+def _round(value: Any) -> float | None:
+    return None if value is None else round(float(value), 3)
 
 
 def _iso(value: Any) -> str | None:
@@ -100,23 +108,37 @@ def render_status(st: dict[str, Any]) -> str:
     lines.append(f"next due:        {st['next_due_at'] or '-'}")
     lines.append(f"expired leases:  {st['expired_leases']} (the next run's reaper returns them)")
     for name, q in st["queues"].items():
-        if q["top_failed_error"]:
-            e = q["top_failed_error"]
-            lines.append(f"dead letters {name}: {q['failed']} failed, most common: "
-                         f"{e['error']!r} ({e['jobs']})")
+        if q["failed_errors"]:
+            lines.append(f"dead letters {name}: {q['failed']} failed; most common errors:")
+            for e in q["failed_errors"]:
+                lines.append(f"  {e['jobs']:>8}  {e['error'] or '(no last_error)'}")
     lines.append(f"table size:      {_size(st['table_bytes'])} + indexes "
                  f"{_size(st['index_bytes'])}")
     lines.append(f"dead tuples:     {st['n_dead_tup']} (live {st['n_live_tup']})")
     lines.append(f"last autovacuum: {st['last_autovacuum'] or 'never'}; last vacuum: "
                  f"{st['last_vacuum'] or 'never'}")
+    xact = st.get("oldest_xact_age_s")
+    lines.append(f"other drainer sessions: {st.get('drainer_sessions')}; oldest open "
+                 f"transaction: {'none' if xact is None else f'{xact:.0f}s'}"
+                 + (" (holds back VACUUM)" if xact is not None and xact > 60 else ""))
     return "\n".join(lines)
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    """JSON with --json or when stdout is no terminal; a readable table on a terminal."""
+    if getattr(args, "json", False):
+        return True
+    try:
+        return not sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return True
 
 
 def status_command(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
     st = collect_status(settings)
-    if args.json:
+    if wants_json(args):
         sys.stdout.write(json.dumps(st, default=str) + "\n")
     else:
         sys.stdout.write(render_status(st) + "\n")

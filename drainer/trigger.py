@@ -5,11 +5,15 @@ from __future__ import annotations
 import logging
 import urllib.error
 import urllib.request
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from drainer._redact import redact
 
 if TYPE_CHECKING:
+    import psycopg
+
     from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -42,3 +46,82 @@ def fire(settings: Settings, timeout: float = TRIGGER_TIMEOUT_S) -> bool:
     if not ok:
         logger.warning("drain trigger to %s answered %s", redact(url), status)
     return ok
+
+
+class TriggerTransaction:
+    """The open transaction of :func:`transaction`: enqueue through it, or mark it."""
+
+    def __init__(self, conn: psycopg.Connection[Any], settings: Settings) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.enqueued = 0
+        self.fired: bool | None = None
+        """None until the block ends; then whether the trigger answered 2xx."""
+
+    def enqueue(self, queue: str, payload: Any, **options: Any) -> int | None:
+        """:func:`drainer.producer.enqueue` on this transaction's connection and table."""
+        from drainer.producer import enqueue
+
+        job_id = enqueue(self.conn, queue, payload, schema=self.settings.schema_name,
+                         table=self.settings.table, **options)
+        if job_id is not None:
+            self.enqueued += 1
+        return job_id
+
+    def enqueue_many(self, jobs: Iterable[Any]) -> int:
+        """:func:`drainer.producer.enqueue_many` on this transaction; returns jobs inserted."""
+        from drainer.producer import enqueue_many
+
+        result = enqueue_many(self.conn, jobs, schema=self.settings.schema_name,
+                              table=self.settings.table)
+        self.enqueued += result.enqueued
+        return result.enqueued
+
+    def mark(self, n: int = 1) -> None:
+        """Ask for a drain after commit for jobs inserted some other way (plain SQL)."""
+        self.enqueued += n
+
+
+@contextmanager
+def transaction(conn: psycopg.Connection[Any], settings: Settings,
+                timeout: float = TRIGGER_TIMEOUT_S) -> Iterator[TriggerTransaction]:
+    """Run the block in a transaction; after it commits, fire one drain trigger.
+
+    ::
+
+        with drainer.trigger.transaction(conn, settings) as tx:
+            conn.execute("INSERT INTO orders ...")
+            tx.enqueue("emails", {"order": 42})
+
+    Nothing fires when the block raises (the transaction rolls back) or enqueued
+    nothing; many enqueues fire one trigger. The trigger is a POST with a short timeout
+    that never raises: when it fails the job is still committed and the next scheduled
+    drain takes it. ``conn`` must have no transaction open (otherwise the commit would
+    not be ours to see): raises ValueError.
+    """
+    from psycopg import pq
+
+    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        raise ValueError(
+            "drainer.trigger.transaction needs a connection with no transaction open: the "
+            "trigger must fire after the commit, which an outer transaction would delay"
+        )
+    tx = TriggerTransaction(conn, settings)
+    committed = False
+    with conn.transaction():
+        yield tx
+        committed = True  # the block ended normally; COMMIT errors raise out of the `with`
+    if not committed:  # psycopg.Rollback raised in the block: rolled back, swallowed
+        tx.fired = False
+        return
+    if tx.enqueued:
+        tx.fired = fire(settings, timeout=timeout)
+    else:
+        tx.fired = False
+
+
+def enqueue_and_trigger(conn: psycopg.Connection[Any], settings: Settings, queue: str,
+                        payload: Any, **options: Any) -> int | None:
+    """Enqueue one job in its own transaction and fire the trigger once it committed."""
+    with transaction(conn, settings) as tx:
+        return tx.enqueue(queue, payload, **options)

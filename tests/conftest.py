@@ -1,7 +1,8 @@
 """Shared fixtures: a real PostgreSQL, and a schema of its own for every test.
 
 The server: $DRAINER_TEST_DATABASE_URL if set; else the one on 127.0.0.1:5432 if it
-answers; else a throwaway embedded PostgreSQL started for the session.
+answers; else (or with DRAINER_TEST_EMBEDDED=1) a throwaway embedded PostgreSQL started
+for the session.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def pg_url() -> Iterator[str]:
     if url:
         yield url
         return
-    if _reachable(LOCAL_URL):
+    if not os.environ.get("DRAINER_TEST_EMBEDDED") and _reachable(LOCAL_URL):
         yield LOCAL_URL
         return
     from drainer._embedded import embedded_postgres
@@ -54,11 +55,19 @@ def schema(pg_url: str) -> Iterator[str]:
     """A fresh schema name, dropped (with everything in it) after the test."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     yield name
+    drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE pid <> pg_backend_pid() AND datname = current_database() "
-                     "AND application_name LIKE 'drainer%%' AND state = 'idle in transaction'")
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+        conn.execute("SET lock_timeout = '5s'")
+        try:
+            conn.execute(drop)
+        except psycopg.errors.LockNotAvailable:
+            # a session the test left open holds a lock in this schema: end only those
+            conn.execute(
+                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l "
+                "JOIN pg_class c ON c.oid = l.relation "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND l.pid <> pg_backend_pid()", [name])
+            conn.execute(drop)
 
 
 def make_settings(pg_url: str, schema: str, **kw: Any) -> Settings:

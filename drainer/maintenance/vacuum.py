@@ -34,7 +34,8 @@ def run_once(queries: Queries, threshold: int) -> VacuumResult:
     if threshold <= 0 or dead is None or dead < threshold:
         return VacuumResult(False, dead, last_auto)
     if not health.get("can_vacuum"):
-        reason = "drainer's role does not own the jobs table (VACUUM needs ownership)"
+        reason = ("drainer's role does not own the jobs table (VACUUM needs ownership, or "
+                  "MAINTAIN on PostgreSQL 17+)")
         logger.warning("skipping VACUUM of %s.%s with %d dead tuples: %s", queries.schema,
                        queries.table, dead, reason)
         return VacuumResult(False, dead, last_auto, reason)

@@ -133,9 +133,13 @@ FROM {jobs}
 WHERE status = 'queued' AND queue = ANY(%(queues)s);
 
 -- name: table_health
--- Dead tuples and vacuum times of the jobs table, and whether we may VACUUM it (owner).
+-- Dead tuples and vacuum times of the jobs table, and whether we may VACUUM it: as its
+-- owner, or with the MAINTAIN privilege of PostgreSQL 17+ (the CASE keeps older servers,
+-- which reject the privilege name, from evaluating it).
 SELECT s.n_dead_tup, s.n_live_tup, s.last_autovacuum, s.last_vacuum,
-       pg_has_role(current_user, c.relowner, 'USAGE') AS can_vacuum
+       pg_has_role(current_user, c.relowner, 'USAGE')
+       OR CASE WHEN current_setting('server_version_num')::int >= 170000
+               THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS can_vacuum
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = %(regclass)s::regclass;
@@ -189,22 +193,122 @@ GROUP BY queue, status
 ORDER BY queue, status;
 
 -- name: status_table
--- Size and vacuum state of the jobs table.
+-- Size and vacuum state of the jobs table, and the sessions that matter for it: other
+-- drainer connections now, and the oldest open transaction in this database (it holds
+-- back VACUUM of every table, the jobs table first).
 SELECT pg_total_relation_size(c.oid) AS total_bytes,
        pg_relation_size(c.oid) AS table_bytes,
        pg_indexes_size(c.oid) AS index_bytes,
        s.n_live_tup, s.n_dead_tup, s.last_autovacuum, s.last_vacuum, s.last_autoanalyze,
-       s.autovacuum_count, s.vacuum_count
+       s.autovacuum_count, s.vacuum_count,
+       (SELECT count(*) FROM pg_stat_activity a
+        WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+          AND a.application_name LIKE 'drainer%%') AS drainer_sessions,
+       (SELECT extract(epoch FROM now() - min(a.xact_start)) FROM pg_stat_activity a
+        WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+          AND a.backend_type = 'client backend') AS oldest_xact_age_s
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = %(regclass)s::regclass;
 
 -- name: status_failed_errors
--- The dead-letter queue: most common last_error of failed jobs, per queue.
-SELECT queue, left(split_part(coalesce(last_error, ''), E'\n', 1), 200) AS error,
-       count(*) AS jobs
+-- The dead-letter queue: the three most common first lines of last_error of failed jobs,
+-- per queue (ranked within each queue, so a quiet queue's top error is not crowded out).
+SELECT queue, error, jobs FROM (
+  SELECT queue, left(split_part(coalesce(last_error, ''), E'\n', 1), 200) AS error,
+         count(*) AS jobs,
+         row_number() OVER (PARTITION BY queue ORDER BY count(*) DESC,
+                            left(split_part(coalesce(last_error, ''), E'\n', 1), 200)) AS rank
+  FROM {jobs}
+  WHERE status = 'failed'
+  GROUP BY 1, 2
+) ranked
+WHERE rank <= 3
+ORDER BY queue, jobs DESC, error;
+
+-- name: job_list
+-- `drainer jobs`: newest first, of one queue and/or one status when given, with the first
+-- line of last_error.
+SELECT id, queue, status, attempts, max_attempts, priority, run_at, locked_until,
+       created_at, finished_at, dedup_key,
+       left(split_part(last_error, E'\n', 1), 200) AS error
 FROM {jobs}
-WHERE status = 'failed'
-GROUP BY 1, 2
-ORDER BY jobs DESC
-LIMIT 10;
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_get
+-- `drainer show`: one job, every column, the full last_error.
+SELECT id, queue, status, payload, attempts, max_attempts, priority, run_at, locked_until,
+       created_at, finished_at, dedup_key, last_error,
+       (status = 'running' AND locked_until < now()) AS lease_expired
+FROM {jobs}
+WHERE id = %(id)s;
+
+-- name: job_status_many
+-- The status of the given jobs, to say why retry or cancel left some of them alone.
+SELECT id, status, locked_until FROM {jobs} WHERE id = ANY(%(ids)s);
+
+-- name: retry_plan
+-- `drainer retry`, step 1 (in a transaction): the failed jobs named (ids, or one queue, or
+-- all), locked, each with a verdict. 'retry' unless: the job was cancelled while running
+-- and its owner's lease has not run out yet ('lease_active': the owner may still write
+-- with the attempts it holds, so attempts cannot be reset under it); its dedup_key is
+-- held by a queued or running job ('dedup_taken'); or a newer failed job with the same key
+-- is retried in this call ('dedup_duplicate'). So the dedup unique index is never hit.
+WITH chosen AS (
+  SELECT id, queue, dedup_key, locked_until FROM {jobs}
+  WHERE status = 'failed'
+    AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s))
+    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  FOR UPDATE SKIP LOCKED
+)
+SELECT c.id, c.queue, c.dedup_key,
+       CASE
+         WHEN c.locked_until > now() THEN 'lease_active'
+         WHEN c.dedup_key IS NULL THEN 'retry'
+         WHEN EXISTS (SELECT 1 FROM {jobs} o
+                      WHERE o.dedup_key = c.dedup_key AND o.status IN ('queued', 'running'))
+           THEN 'dedup_taken'
+         WHEN row_number() OVER (PARTITION BY c.dedup_key,
+                                 (c.locked_until > now()) IS TRUE
+                                 ORDER BY c.id DESC) > 1
+           THEN 'dedup_duplicate'
+         ELSE 'retry'
+       END AS verdict
+FROM chosen c
+ORDER BY c.id;
+
+-- name: retry_many
+-- `drainer retry`, step 2: failed -> queued, attempts reset, due now. last_error is kept
+-- until the job runs again (it is the history of the failure).
+UPDATE {jobs}
+SET status = 'queued', attempts = 0, run_at = now(), locked_until = NULL, finished_at = NULL
+WHERE id = ANY(%(ids)s) AND status = 'failed'
+RETURNING id;
+
+-- name: cancel_many
+-- `drainer cancel`: queued or running -> failed with last_error 'cancelled'. A running job
+-- keeps its locked_until: its owner's next heartbeat (extend_many, fenced on status =
+-- 'running') updates 0 rows and tells the handler to stop, its outcome write is fenced the
+-- same way, and retry_plan waits for that lease to run out. Rows locked by a transaction
+-- (a transaction-mode job in flight, a claim in progress) are skipped, not waited for.
+WITH target AS (
+  SELECT id, status FROM {jobs}
+  WHERE id = ANY(%(ids)s) AND status IN ('queued', 'running')
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE {jobs} j
+SET status       = 'failed',
+    last_error   = 'cancelled',
+    locked_until = CASE WHEN target.status = 'running' THEN j.locked_until END,
+    finished_at  = now()
+FROM target
+WHERE j.id = target.id
+RETURNING j.id, target.status AS was;
+
+-- name: purge_count
+-- `drainer purge --dry-run`: how many finished jobs of one status are older than the cutoff.
+SELECT count(*) FROM {jobs}
+WHERE status = %(status)s AND finished_at < now() - make_interval(secs => %(older_than)s);

@@ -45,3 +45,9 @@ def sleepy(job: Job) -> None:
 @task("boom")
 def boom(job: Job) -> None:
     raise ValueError(f"boom {job.payload}")
+
+
+@task("nap")
+def nap(job: Job) -> None:
+    """Sleep payload["sleep"] seconds (no database access)."""
+    time.sleep(float(job.payload.get("sleep", 0.2)))

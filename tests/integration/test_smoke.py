@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 
 from drainer import Job, enqueue_many, run_once
-from drainer.enqueue import JobSpec
+from drainer.producer import JobSpec
 from drainer.registry import Registry
 from drainer.settings import Settings
 

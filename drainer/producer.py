@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -98,7 +99,9 @@ def enqueue_many(
         for s in specs
     ]
     types = ["text", "jsonb", "timestamptz", "int4", "int4", "text"]
-    with conn.transaction():
+    # On an autocommit connection, make the batch atomic; otherwise join the caller's
+    # transaction as it is (conn.transaction() would commit a transaction it started).
+    with conn.transaction() if conn.autocommit else nullcontext():
         cur = conn.cursor()
         if all(s.dedup_key is None for s in specs):
             if any(s.run_at is None for s in specs):

@@ -1,0 +1,1 @@
+"""drainer's benchmarks: the SQL ceiling (pgbench), drainer, the Python peers, one PostgreSQL."""

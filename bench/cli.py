@@ -1,0 +1,530 @@
+"""``python -m bench``: every benchmark in one invocation on one PostgreSQL, as markdown tables.
+
+    python3 dev.py bench                 # full size: 20,000 jobs, 3 repetitions, the peers
+    python3 dev.py bench --quick         # smaller sizes, same tables (a few minutes)
+    python3 dev.py bench --smoke --no-peers   # tiny, what CI runs (seconds)
+
+Each contender drains its own schema (drainer, the plain loop, pgbench) or its own database
+(procrastinate, pgqueuer) in the database ``drainer_bench`` and its siblings, created when
+missing. Contenders are interleaved (one repetition of each in turn, the order rotating), and
+each figure is the median of the repetitions with the min and max beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from bench.contenders import (
+    Contender,
+    Drainer,
+    Pgbench,
+    Pgqueuer,
+    PlainLoop,
+    Procrastinate,
+    ensure_peers,
+    peer_versions,
+)
+from bench.core import (
+    ROOT,
+    VENV_BIN,
+    Series,
+    count_status,
+    ensure_database,
+    fill,
+    fmt_rate,
+    fresh_schema,
+    jobs_table,
+    log,
+    run_timed,
+)
+
+DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+HAVE_PGBENCH = shutil.which("pgbench") is not None
+SECTIONS = ["drain", "multi", "cold", "enqueue", "history", "batch", "long"]
+
+
+# -- the race -------------------------------------------------------------------------------------
+
+
+def race(contenders: list[Contender], n: int, repeat: int) -> dict[str, Series]:
+    """Drain ``n`` jobs with each contender, ``repeat`` rounds, interleaved; jobs/s series."""
+    for c in contenders:
+        c.setup()
+    out = {c.name: Series(c.name) for c in contenders}
+    for rnd in range(repeat):
+        k = rnd % len(contenders)
+        for c in contenders[k:] + contenders[:k]:
+            c.reset(n)
+            timed = c.run(n)
+            problem = c.check(n, timed)
+            s = out[c.name]
+            if problem:
+                s.notes.append(problem)
+                log(f"{c.name}: INVALID run: {problem}")
+                continue
+            s.values.append(n / timed.wall)
+            log(f"round {rnd + 1}/{repeat} {c.name}: {n / timed.wall:,.0f} jobs/s "
+                f"({timed.wall:.3f} s, peak RSS {timed.peak_rss_mb:.0f} MB)")
+    return out
+
+
+def rate_table(series: dict[str, Series], ref: str, ref_label: str = "drainer") -> list[str]:
+    base = series[ref].median
+    lines = [f"| contender | jobs/s (median) | min | max | runs | x {ref_label} |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for s in series.values():
+        ratio = s.median / base if base == base and base else float("nan")
+        note = f" ({'; '.join(sorted(set(s.notes)))})" if s.notes else ""
+        lines.append(f"| {s.name}{note} | {fmt_rate(s.median)} | {fmt_rate(s.lo)} | "
+                     f"{fmt_rate(s.hi)} | {len(s.values)} | {ratio:.2f} |")
+    return lines
+
+
+def section_drain(ctx: Ctx) -> list[str]:
+    db = ctx.db
+    contenders: list[Contender] = [
+        Pgbench(f"pgbench ceiling, {c} client{'s' if c > 1 else ''} (batch 10)", db,
+                f"b_pgbench{c}", clients=c) for c in (1, 2, 4)
+    ] if HAVE_PGBENCH else []
+    contenders += [
+        Drainer("drainer run-once (defaults)", db, "b_drainer"),
+        Drainer(f"drainer run-once ({' '.join(ctx.best)})", db, "b_drainer_best",
+                flags=ctx.best),
+        PlainLoop("plain psycopg loop (claim 10, complete in 1 statement)", db, "b_plain"),
+    ]
+    if ctx.peers:
+        proc_db = ensure_database(ctx.server, "drainer_bench_procrastinate")
+        pgq_db = ensure_database(ctx.server, "drainer_bench_pgqueuer")
+        contenders += [
+            Procrastinate("procrastinate worker --one-shot (c=1)", proc_db, "public",
+                          concurrency=1),
+            Procrastinate("procrastinate worker --one-shot (c=10)", proc_db, "public",
+                          concurrency=10),
+            Pgqueuer("pgqueuer drain mode (asyncpg, batch 10)", pgq_db, "public"),
+        ]
+    series = race(contenders, ctx.n, ctx.repeat)
+    ctx.results["drain"] = {k: v.values for k, v in series.items()}
+    lines = [f"### Drain until empty: {ctx.n:,} no-op jobs, wall time from process start to "
+             "exit", ""]
+    lines += rate_table(series, "drainer run-once (defaults)")
+    d = series["drainer run-once (defaults)"].median
+    lines.append("")
+    if HAVE_PGBENCH:
+        ceiling = series[contenders[0].name].median
+        lines.append(f"drainer (defaults) / 1-client pgbench ceiling: **{d / ceiling:.2f}x**")
+    else:
+        lines.append("pgbench not found: no ceiling (install postgresql-client)")
+    for name, s in series.items():
+        if name.startswith(("procrastinate", "pgqueuer")):
+            lines.append(f"drainer (defaults) / {name}: **{d / s.median:.1f}x**")
+    return lines
+
+
+def section_multi(ctx: Ctx) -> list[str]:
+    """Five queues with handlers, jobs spread over them, vs one queue."""
+    from bench.multi_app import QUEUES
+
+    db = ctx.db
+    contenders: list[Contender] = [
+        Drainer("drainer, 1 queue", db, "b_drainer"),
+        Drainer("drainer, 5 queues with handlers", db, "b_multi", queues=QUEUES,
+                app="bench.multi_app"),
+    ]
+    series = race(contenders, ctx.n, ctx.repeat)
+    ctx.results["multi"] = {k: v.values for k, v in series.items()}
+    return [f"### Several queues: {ctx.n:,} jobs spread over 5 queues vs one queue", "",
+            *rate_table(series, "drainer, 1 queue", "1 queue")]
+
+
+# -- empty queue: cold start ----------------------------------------------------------------------
+
+
+def _db_counters(server: str, dbname: str) -> tuple[int, int]:
+    """(transactions, sessions opened) of one database, as the statistics see them now."""
+    time.sleep(0.3)  # backends that just ended flush their counters as they exit
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute("SELECT xact_commit + xact_rollback, sessions FROM pg_stat_database "
+                           "WHERE datname = %s", [dbname]).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _sessions_left(server: str, dbname: str) -> int:
+    with psycopg.connect(server, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                           "AND backend_type = 'client backend'", [dbname]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def section_cold(ctx: Ctx) -> list[str]:
+    db_name = "drainer_bench_cold"
+    db = ensure_database(ctx.server, db_name)
+    fresh_schema(db, "b_cold")
+    fill(db, "b_cold", 0)
+    py = str(VENV_BIN / "python")
+    runs: list[tuple[str, list[str], dict[str, str], str]] = [
+        ("python -c 'import psycopg; psycopg.connect(...)'",
+         [py, "-c", f"import psycopg; psycopg.connect({db!r}).close()"], {}, db_name),
+        ("drainer run-once", [str(VENV_BIN / "drainer"), "run-once"],
+         Drainer("", db, "b_cold").env(), db_name),
+        ("plain psycopg loop", [py, "-m", "bench.plain_loop", db, "b_cold"],
+         {"PYTHONPATH": str(ROOT)}, db_name),
+    ]
+    if ctx.peers:
+        proc_db = ensure_database(ctx.server, "drainer_bench_procrastinate")
+        pgq_db = ensure_database(ctx.server, "drainer_bench_pgqueuer")
+        p = Procrastinate("", proc_db, "public")
+        p.setup()
+        p.reset(0)
+        q = Pgqueuer("", pgq_db, "public")
+        q.setup()
+        q.reset(0)
+        from bench.contenders import PEERS_BIN
+
+        runs += [
+            ("procrastinate worker --one-shot", [str(PEERS_BIN / "procrastinate"),
+             "--app=bench.peer_procrastinate.app", "worker", "--one-shot", "-q", "bench"],
+             p.env(), "drainer_bench_procrastinate"),
+            ("pgqueuer drain mode", [str(PEERS_BIN / "python"), "-m", "bench.peer_pgqueuer",
+                                     pgq_db], {"PYTHONPATH": str(ROOT)}, "drainer_bench_pgqueuer"),
+        ]
+    walls: dict[str, list[float]] = {name: [] for name, *_ in runs}
+    xacts: dict[str, list[int]] = {name: [] for name, *_ in runs}
+    conns: dict[str, list[int]] = {name: [] for name, *_ in runs}
+    left: dict[str, list[int]] = {name: [] for name, *_ in runs}
+    reps = ctx.cold_repeat
+    for rnd in range(reps):
+        k = rnd % len(runs)
+        for name, cmd, env, dbname in runs[k:] + runs[:k]:
+            x0, s0 = _db_counters(ctx.server, dbname)
+            timed = run_timed(cmd, env)
+            if timed.returncode != 0:
+                log(f"cold start {name}: exit {timed.returncode}: {timed.stderr[-300:]}")
+                continue
+            x1, s1 = _db_counters(ctx.server, dbname)
+            walls[name].append(timed.wall)
+            xacts[name].append(x1 - x0)
+            conns[name].append(s1 - s0)
+            left[name].append(_sessions_left(ctx.server, dbname))
+    base = statistics.median(walls[runs[0][0]])
+    lines = ["### Empty queue: cold start (process start to exit)", "",
+             "| command | wall s (median) | min | max | x connect-only | transactions | "
+             "connections opened | sessions left |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, *_ in runs:
+        w = walls[name]
+        if not w:
+            lines.append(f"| {name} | failed | | | | | | |")
+            continue
+        lines.append(
+            f"| {name} | {statistics.median(w):.3f} | {min(w):.3f} | {max(w):.3f} | "
+            f"{statistics.median(w) / base:.2f} | {statistics.median(xacts[name]):.0f} | "
+            f"{statistics.median(conns[name]):.0f} | {max(left[name])} |")
+    lines += ["", "transactions: delta of xact_commit + xact_rollback in pg_stat_database "
+              "(each autocommit statement is one); connections: delta of "
+              "pg_stat_database.sessions; sessions left: client backends on the database "
+              "0.3 s after exit."]
+    ctx.results["cold"] = {"wall": walls, "xacts": xacts, "connections": conns,
+                           "left": left}
+    return lines
+
+
+# -- enqueue --------------------------------------------------------------------------------------
+
+
+def section_enqueue(ctx: Ctx) -> list[str]:
+    from drainer.producer import JobSpec, enqueue_many
+
+    n = ctx.enqueue_n
+    db = ctx.db
+    fresh_schema(db, "b_enqueue")
+    table = jobs_table("b_enqueue")
+    payloads = [{"n": i} for i in range(n)]
+    walls: dict[str, list[float]] = {"enqueue_many": [], "one raw COPY": []}
+
+    def many(conn: psycopg.Connection[Any]) -> None:
+        enqueue_many(conn, [JobSpec("bench", p) for p in payloads], schema="b_enqueue")
+
+    def raw(conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction(), conn.cursor().copy(
+                sql.SQL("COPY {} (queue, payload) FROM STDIN").format(table)) as copy:
+            for p in payloads:
+                copy.write_row(("bench", json.dumps(p)))
+
+    runs: list[tuple[str, Callable[[psycopg.Connection[Any]], None]]] = [
+        ("enqueue_many", many), ("one raw COPY", raw)]
+    for rnd in range(ctx.repeat):
+        k = rnd % 2
+        for name, fn in runs[k:] + runs[:k]:
+            with psycopg.connect(db, autocommit=True) as conn:
+                conn.execute(sql.SQL("TRUNCATE {}").format(table))
+                started = time.perf_counter()
+                fn(conn)
+                walls[name].append(time.perf_counter() - started)
+            got = count_status(db, "b_enqueue", "queued")
+            if got != n:
+                log(f"enqueue {name}: {got} rows, expected {n}")
+    series = {k: Series(k, [n / w for w in v]) for k, v in walls.items()}
+    ctx.results["enqueue"] = {k: v.values for k, v in series.items()}
+    return [f"### Enqueue {n:,} jobs in one transaction (from Python objects to commit)", "",
+            *rate_table(series, "one raw COPY", "raw COPY")]
+
+
+# -- history, batch sizes, long drains ------------------------------------------------------------
+
+
+def section_history(ctx: Ctx) -> list[str]:
+    db = ctx.db
+    h = ctx.history_n
+    with psycopg.connect(db, autocommit=True) as conn:
+        have = conn.execute("SELECT to_regclass('b_history.jobs') IS NOT NULL").fetchone()
+        count = 0
+        if have and have[0]:
+            row = conn.execute("SELECT count(*) FROM b_history.jobs WHERE queue = 'history'"
+                               ).fetchone()
+            count = int(row[0]) if row else 0
+    if count != h:
+        log(f"history: writing {h:,} done rows (once; kept between invocations)")
+        fresh_schema(db, "b_history")
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO b_history.jobs (queue, payload, status, attempts, finished_at, "
+                "run_at, created_at) SELECT 'history', jsonb_build_object('n', g), 'done', 1, "
+                "now() - interval '1 day', now() - interval '1 day', now() - interval '1 day' "
+                "FROM generate_series(1, %s) g", [h])
+            conn.execute("VACUUM (ANALYZE) b_history.jobs")
+
+    class WithHistory(Drainer):
+        def setup(self) -> None:
+            pass
+
+        def reset(self, n: int) -> None:
+            fill(self.url, self.schema, n, keep_queue="history")
+
+        def check(self, n: int, timed: Any) -> str | None:
+            if timed.returncode != 0:
+                return f"exit {timed.returncode}: {timed.stderr.strip()[-300:]}"
+            done = count_status(self.url, self.schema, "done", queue_not="history")
+            return _report_ok(timed, n) or (None if done == n else f"{done} of {n} done")
+
+    contenders: list[Contender] = [
+        Drainer("drainer, no history", db, "b_drainer"),
+        WithHistory(f"drainer, {h:,} done rows of history", db, "b_history"),
+    ]
+    series = race(contenders, ctx.n, ctx.repeat)
+    ctx.results["history"] = {k: v.values for k, v in series.items()}
+    return [f"### History: drain {ctx.n:,} jobs next to {h:,} done rows vs none", "",
+            *rate_table(series, "drainer, no history", "no history")]
+
+
+def _report_ok(timed: Any, n: int) -> str | None:
+    try:
+        report = json.loads(timed.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return "no run report"
+    return None if report.get("succeeded") == n else f"{report.get('succeeded')} of {n}"
+
+
+def section_batch(ctx: Ctx) -> list[str]:
+    db = ctx.db
+    sizes = [1, 10, 50, 200]
+    contenders: list[Contender] = []
+    if not HAVE_PGBENCH:
+        return ["### Batch size curve: skipped, pgbench not found"]
+    for b in sizes:
+        contenders.append(Pgbench(f"pgbench 1 client, batch {b}", db, "b_pgbench1", batch=b))
+        contenders.append(Drainer(f"drainer, batch {b}", db, "b_drainer",
+                                  flags=["--batch-size", str(b)]))
+    n = ctx.batch_n
+    series = race(contenders, n, ctx.repeat)
+    ctx.results["batch"] = {k: v.values for k, v in series.items()}
+    lines = [f"### Batch size curve: {n:,} jobs", "",
+             "| batch size | drainer jobs/s (median, min-max) | pgbench 1 client jobs/s | "
+             "drainer / ceiling |", "|---:|---:|---:|---:|"]
+    for b in sizes:
+        d = series[f"drainer, batch {b}"]
+        p = series[f"pgbench 1 client, batch {b}"]
+        lines.append(f"| {b} | {fmt_rate(d.median)} ({fmt_rate(d.lo)}-{fmt_rate(d.hi)}) | "
+                     f"{fmt_rate(p.median)} | {d.median / p.median:.2f} |")
+    return lines
+
+
+def section_long(ctx: Ctx) -> list[str]:
+    """Peak RSS and rate of a long drain vs a short one; first 10% vs last 10% of the long one."""
+    db = ctx.db
+    c = Drainer("drainer", db, "b_long")
+    c.setup()
+    rows = []
+    for n in (ctx.n, ctx.long_n):
+        rss, rates, head, tail = [], [], [], []
+        for _ in range(ctx.long_repeat):
+            c.reset(n)
+            timed = c.run(n)
+            problem = c.check(n, timed)
+            if problem:
+                log(f"long drain {n}: INVALID: {problem}")
+                continue
+            rss.append(timed.peak_rss_mb)
+            rates.append(n / timed.wall)
+            first, last = _head_tail_rates(db, "b_long", n)
+            head.append(first)
+            tail.append(last)
+            log(f"drain of {n:,}: {n / timed.wall:,.0f} jobs/s, peak RSS "
+                f"{timed.peak_rss_mb:.1f} MB, first 10% {first:,.0f} jobs/s, last 10% "
+                f"{last:,.0f} jobs/s")
+        rows.append((n, rss, rates, head, tail))
+    ctx.results["long"] = [{"n": n, "rss_mb": r, "rate": a, "first10": h, "last10": t}
+                           for n, r, a, h, t in rows]
+    lines = ["### Long drains: peak RSS, and the rate of the first vs the last 10% of the jobs",
+             "", "| jobs | peak RSS MB (median) | jobs/s | first 10% jobs/s | last 10% jobs/s | "
+             "last / first |", "|---:|---:|---:|---:|---:|---:|"]
+    for n, rss, rates, head, tail in rows:
+        if not rss:
+            lines.append(f"| {n:,} | failed | | | | |")
+            continue
+        lines.append(f"| {n:,} | {statistics.median(rss):.1f} | "
+                     f"{fmt_rate(statistics.median(rates))} | "
+                     f"{fmt_rate(statistics.median(head))} | {fmt_rate(statistics.median(tail))} "
+                     f"| {statistics.median(tail) / statistics.median(head):.2f} |")
+    if len(rows) == 2 and rows[0][1] and rows[1][1]:
+        lines += ["", f"peak RSS {rows[1][0]:,} / {rows[0][0]:,} jobs: "
+                  f"**{statistics.median(rows[1][1]) / statistics.median(rows[0][1]):.2f}x**"]
+    lines += ["", "first/last 10%: from the jobs' finished_at (one completion statement, one "
+              "timestamp), so the drain is not slowed by sampling."]
+    return lines
+
+
+def _head_tail_rates(db: str, schema: str, n: int) -> tuple[float, float]:
+    with psycopg.connect(db, autocommit=True) as conn:
+        stamps = [r[0] for r in conn.execute(
+            sql.SQL("SELECT extract(epoch FROM finished_at)::float8 FROM {} WHERE status = "
+                    "'done' ORDER BY finished_at").format(jobs_table(schema)))]
+    k = max(1, len(stamps) // 10)
+    # the time a slice took: from the completion before its first job to its last job
+    first = k / max(stamps[k] - stamps[0], 1e-6)
+    last = k / max(stamps[-1] - stamps[-k - 1], 1e-6)
+    return first, last
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+class Ctx:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.server: str = args.server
+        self.n: int = args.jobs
+        self.repeat: int = args.repeat
+        self.peers: bool = args.peers
+        self.best: list[str] = args.best.split()
+        self.enqueue_n: int = args.enqueue_jobs
+        self.history_n: int = args.history
+        self.batch_n: int = args.batch_jobs
+        self.long_n: int = args.long_jobs
+        self.long_repeat: int = args.long_repeat
+        self.cold_repeat: int = 1 if args.smoke else max(args.repeat, 5)
+        self.db = ensure_database(self.server, args.database)
+        self.results: dict[str, Any] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server", default=os.environ.get("BENCH_SERVER_URL", DEFAULT_SERVER),
+                   help="A URL of the PostgreSQL server (any database on it; "
+                   "env BENCH_SERVER_URL) [default: %(default)s].")
+    p.add_argument("--database", default="drainer_bench",
+                   help="Database the drainer contenders use, created when missing "
+                   "[default: %(default)s].")
+    p.add_argument("--jobs", type=int, default=20_000, help="Jobs per drain [20,000].")
+    p.add_argument("--repeat", type=int, default=3, help="Repetitions of each contender [3].")
+    p.add_argument("--enqueue-jobs", type=int, default=100_000, help="Jobs per enqueue run.")
+    p.add_argument("--history", type=int, default=1_000_000, help="Done rows of history.")
+    p.add_argument("--batch-jobs", type=int, default=None,
+                   help="Jobs per run of the batch size curve [--jobs].")
+    p.add_argument("--long-jobs", type=int, default=200_000, help="Jobs of the long drain.")
+    p.add_argument("--long-repeat", type=int, default=1, help="Repetitions of the long drain.")
+    p.add_argument("--best", default="--batch-size 50",
+                   help="drainer flags of the 'best settings' contender [%(default)s].")
+    p.add_argument("--no-peers", dest="peers", action="store_false",
+                   help="Skip procrastinate and pgqueuer (no venv, no install).")
+    p.add_argument("--only", default=",".join(SECTIONS),
+                   help=f"Comma-separated sections to run, of {', '.join(SECTIONS)}.")
+    p.add_argument("--quick", action="store_true",
+                   help="Smaller sizes: 5,000 jobs, 20,000 enqueued, 200,000 history, "
+                   "50,000 long.")
+    p.add_argument("--smoke", action="store_true",
+                   help="Tiny sizes for CI (seconds): 200 jobs, 1 repetition, no long drain.")
+    p.add_argument("--output", type=Path, default=None,
+                   help="Also write the tables and raw figures here (.md and .json).")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.jobs, args.enqueue_jobs, args.history, args.long_jobs = 5_000, 20_000, 200_000, \
+            50_000
+    if args.smoke:
+        args.jobs, args.repeat, args.enqueue_jobs, args.history, args.long_jobs = \
+            200, 1, 500, 2_000, 1_000
+    args.batch_jobs = args.batch_jobs or args.jobs
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        sys.stderr.write(f"bench: unknown section(s) {', '.join(sorted(unknown))}\n")
+        return 2
+    if args.peers:
+        problem = ensure_peers()
+        if problem:
+            sys.stderr.write(f"bench: {problem}; run with --no-peers\n")
+            return 1
+    ctx = Ctx(args)
+    started = datetime.now(timezone.utc)
+    shown_args = argv if argv is not None else sys.argv[1:]
+    out = ["## drainer benchmarks", "",
+           f"- command: `python3 dev.py bench {' '.join(shown_args)}`",
+           f"- date: {started:%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
+           f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
+           f"PostgreSQL {_server_version(ctx.server)}, psycopg {psycopg.__version__}",
+           f"- load average at start: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"]
+    if args.peers:
+        out.append(f"- peers: {peer_versions()}")
+    out.append("")
+    fns: dict[str, Callable[[Ctx], list[str]]] = {
+        "drain": section_drain, "multi": section_multi, "cold": section_cold,
+        "enqueue": section_enqueue, "history": section_history, "batch": section_batch,
+        "long": section_long,
+    }
+    for name in sections:
+        log(f"section {name}")
+        out += fns[name](ctx)
+        out.append("")
+    out.append(f"- load average at end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    text = "\n".join(out)
+    print(text)
+    if args.output is not None:
+        args.output.with_suffix(".md").write_text(text + "\n")
+        args.output.with_suffix(".json").write_text(json.dumps(ctx.results, indent=1) + "\n")
+    return 0
+
+
+def _server_version(server: str) -> str:
+    with psycopg.connect(server) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return str(row[0]) if row else "?"
+

@@ -1,0 +1,222 @@
+"""The contenders of the drain-until-empty race: each resets its queue, runs once, checks."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg import sql
+
+from bench.core import ROOT, VENV_BIN, Timed, count_status, fill, fresh_schema, run_timed
+from drainer.db import Queries
+
+
+@dataclass
+class Contender:
+    """Something that drains ``n`` no-op jobs from its own schema or database."""
+
+    name: str
+    url: str
+    schema: str
+    queues: list[str] = field(default_factory=lambda: ["bench"])
+
+    def setup(self) -> None:
+        fresh_schema(self.url, self.schema)
+
+    def reset(self, n: int) -> None:
+        fill(self.url, self.schema, n, self.queues)
+
+    def run(self, n: int) -> Timed:
+        raise NotImplementedError
+
+    def check(self, n: int, timed: Timed) -> str | None:
+        """None when every job was done, else what went wrong."""
+        if timed.returncode != 0:
+            return f"exit {timed.returncode}: {timed.stderr.strip()[-300:]}"
+        done = count_status(self.url, self.schema, "done")
+        return None if done == n else f"{done} of {n} jobs done"
+
+
+def pgbench_script(url: str, schema: str, queue: str, batch: int) -> str:
+    """A pgbench script running drainer's own claim and batch completion, one round trip each."""
+    with psycopg.connect(url) as conn:
+        q = Queries(conn, schema, "jobs")
+        claim, complete = q.text("claim_batch"), q.text("complete_many")
+        literal = sql.Literal(queue).as_string(conn)
+    claim = (claim.replace("%(queue)s", literal).replace("%(batch_size)s", ":batch")
+             .replace("%(lease)s", ":lease"))
+    complete = complete.replace("%(ids)s", ":ids").replace("%(attempts)s", ":att")
+    return (
+        f"\\set batch {batch}\n"
+        "\\set lease 300\n"
+        f"WITH c AS (\n{claim}\n)\n"
+        "SELECT coalesce(array_agg(id), '{}') AS ids, "
+        "coalesce(array_agg(attempts), '{}') AS att FROM c\n"
+        "\\gset\n"
+        f"{complete};\n"
+    )
+
+
+@dataclass
+class Pgbench(Contender):
+    clients: int = 1
+    batch: int = 10
+
+    def run(self, n: int) -> Timed:
+        parts = urlsplit(self.url)
+        script = pgbench_script(self.url, self.schema, self.queues[0], self.batch)
+        per_client = math.ceil(n / (self.batch * self.clients))
+        with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+            f.write(script)
+        try:
+            return run_timed([
+                "pgbench", "-n", "-M", "prepared", "-c", str(self.clients),
+                "-j", str(self.clients), "-t", str(per_client), "-f", f.name,
+                "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 5432),
+                "-U", parts.username or "postgres", (parts.path or "/postgres").lstrip("/"),
+            ])
+        finally:
+            Path(f.name).unlink()
+
+
+@dataclass
+class Drainer(Contender):
+    flags: list[str] = field(default_factory=list)
+    app: str = "bench.noop_app"
+
+    def env(self) -> dict[str, str]:
+        return {
+            "DRAINER_DATABASE_URL": self.url, "DRAINER_SCHEMA": self.schema,
+            "DRAINER_APP": self.app, "DRAINER_LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(ROOT), "DRAINER_CONNECT_RETRIES": "0",
+        }
+
+    def run(self, n: int) -> Timed:
+        return run_timed([str(VENV_BIN / "drainer"), "run-once", *self.flags], self.env())
+
+    def check(self, n: int, timed: Timed) -> str | None:
+        problem = super().check(n, timed)
+        if problem:
+            return problem
+        try:
+            report = json.loads(timed.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return f"no run report: {timed.stdout[-200:]!r}"
+        if report.get("succeeded") != n:
+            return f"report says {report.get('succeeded')} succeeded of {n}"
+        return None
+
+
+@dataclass
+class PlainLoop(Contender):
+    batch: int = 10
+
+    def run(self, n: int) -> Timed:
+        return run_timed([str(VENV_BIN / "python"), "-m", "bench.plain_loop", self.url,
+                          self.schema, str(self.batch)], {"PYTHONPATH": str(ROOT)})
+
+
+PEERS_VENV = ROOT / "bench" / ".peers-venv"
+PEERS_BIN = PEERS_VENV / "bin"
+PEER_PACKAGES = ["procrastinate", "pgqueuer", "asyncpg"]
+
+
+def ensure_peers() -> str | None:
+    """Install the peers into their own venv on first use; None when ready, else why not."""
+    import subprocess
+    import venv
+
+    stamp = PEERS_VENV / ".bench-installed"
+    if stamp.exists():
+        return None
+    try:
+        if not (PEERS_BIN / "python").exists():
+            venv.EnvBuilder(with_pip=True).create(PEERS_VENV)
+        subprocess.run([str(PEERS_BIN / "python"), "-m", "pip", "install", "-q",
+                        *PEER_PACKAGES], check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return f"cannot install the peers ({' '.join(PEER_PACKAGES)}): {exc}"
+    stamp.write_text(" ".join(PEER_PACKAGES))
+    return None
+
+
+def peer_versions() -> str:
+    import subprocess
+
+    out = subprocess.run([str(PEERS_BIN / "python"), "-m", "pip", "list", "--format=freeze"],
+                         capture_output=True, text=True).stdout
+    wanted = {p.lower() for p in PEER_PACKAGES}
+    return ", ".join(line for line in out.split() if line.split("==")[0].lower() in wanted)
+
+
+def _sql(url: str, *statements: str) -> list[tuple[object, ...]]:
+    rows: list[tuple[object, ...]] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for s in statements:
+            cur = conn.execute(s.encode())
+            if cur.description:
+                rows = cur.fetchall()
+    return rows
+
+
+@dataclass
+class Procrastinate(Contender):
+    concurrency: int = 1
+
+    def setup(self) -> None:
+        if not _sql(self.url, "SELECT to_regclass('procrastinate_jobs') IS NOT NULL")[0][0]:
+            run_timed([str(PEERS_BIN / "procrastinate"), "--app=bench.peer_procrastinate.app",
+                       "schema", "--apply"], self.env())
+
+    def env(self) -> dict[str, str]:
+        return {"BENCH_DSN": self.url, "PYTHONPATH": str(ROOT)}
+
+    def reset(self, n: int) -> None:
+        _sql(self.url,
+             "TRUNCATE procrastinate_events, procrastinate_periodic_defers, procrastinate_jobs, "
+             "procrastinate_workers CASCADE",
+             "INSERT INTO procrastinate_jobs (queue_name, task_name, args) "
+             f"SELECT 'bench', 'noop', '{{}}' FROM generate_series(1, {int(n)})",
+             "VACUUM (ANALYZE) procrastinate_jobs")
+
+    def run(self, n: int) -> Timed:
+        return run_timed([str(PEERS_BIN / "procrastinate"), "--app=bench.peer_procrastinate.app",
+                          "worker", "--one-shot", "-c", str(self.concurrency), "-q", "bench"],
+                         self.env())
+
+    def check(self, n: int, timed: Timed) -> str | None:
+        if timed.returncode != 0:
+            return f"exit {timed.returncode}: {timed.stderr.strip()[-300:]}"
+        done = _sql(self.url, "SELECT count(*) FROM procrastinate_jobs "
+                              "WHERE status = 'succeeded'")[0][0]
+        return None if done == n else f"{done} of {n} jobs succeeded"
+
+
+@dataclass
+class Pgqueuer(Contender):
+    def setup(self) -> None:
+        if not _sql(self.url, "SELECT to_regclass('pgqueuer') IS NOT NULL")[0][0]:
+            run_timed([str(PEERS_BIN / "python"), "-m", "bench.peer_pgqueuer", self.url,
+                       "install"], {"PYTHONPATH": str(ROOT)})
+
+    def reset(self, n: int) -> None:
+        _sql(self.url,
+             "TRUNCATE pgqueuer, pgqueuer_log",
+             "INSERT INTO pgqueuer (priority, entrypoint, status, payload) "
+             f"SELECT 0, 'noop', 'queued', NULL FROM generate_series(1, {int(n)})",
+             "VACUUM (ANALYZE) pgqueuer")
+
+    def run(self, n: int) -> Timed:
+        return run_timed([str(PEERS_BIN / "python"), "-m", "bench.peer_pgqueuer", self.url],
+                         {"PYTHONPATH": str(ROOT)})
+
+    def check(self, n: int, timed: Timed) -> str | None:
+        if timed.returncode != 0:
+            return f"exit {timed.returncode}: {timed.stderr.strip()[-300:]}"
+        left = _sql(self.url, "SELECT count(*) FROM pgqueuer")[0][0]
+        return None if left == 0 else f"{left} of {n} jobs left in the queue"

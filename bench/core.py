@@ -1,0 +1,172 @@
+"""The harness's plumbing: databases and schemas, filling queues, timing child processes."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from drainer.migrate import migrate
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def with_database(url: str, dbname: str) -> str:
+    """``url`` pointing at another database."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
+
+
+def ensure_database(server_url: str, dbname: str) -> str:
+    """Create ``dbname`` on the server when missing; return its URL."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                              [dbname]).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    return with_database(server_url, dbname)
+
+
+def fresh_schema(url: str, schema: str) -> None:
+    """Drop and re-create ``schema`` with a migrated jobs table."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        migrate(conn, schema, "jobs")
+
+
+def jobs_table(schema: str) -> sql.Composed:
+    return sql.SQL("{}").format(sql.Identifier(schema, "jobs"))
+
+
+def fill(url: str, schema: str, n: int, queues: list[str] | None = None, *,
+         keep_queue: str | None = None) -> None:
+    """Empty the jobs table (all but ``keep_queue``'s rows) and put ``n`` due no-op jobs in it,
+    spread over ``queues`` in turn; then VACUUM ANALYZE so every repetition starts alike."""
+    queues = queues or ["bench"]
+    table = jobs_table(schema)
+    with psycopg.connect(url, autocommit=True) as conn:
+        if keep_queue is None:
+            conn.execute(sql.SQL("TRUNCATE {}").format(table))
+        else:
+            conn.execute(sql.SQL("DELETE FROM {} WHERE queue <> %s").format(table), [keep_queue])
+        conn.execute(sql.SQL(
+            "INSERT INTO {} (queue, payload, run_at) "
+            "SELECT (%s::text[])[1 + g %% %s], jsonb_build_object('n', g), now() - interval '1s' "
+            "FROM generate_series(0, %s - 1) g").format(table), [queues, len(queues), n])
+        conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(table))
+
+
+def count_status(url: str, schema: str, status: str, queue_not: str | None = None) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        q = sql.SQL("SELECT count(*) FROM {} WHERE status = %s").format(jobs_table(schema))
+        params: list[Any] = [status]
+        if queue_not is not None:
+            q = q + sql.SQL(" AND queue <> %s")
+            params.append(queue_not)
+        row = conn.execute(q, params).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+@dataclass
+class Timed:
+    """One child process: wall time from start to exit, its peak RSS, and its output."""
+
+    wall: float
+    peak_rss_mb: float
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_timed(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900
+              ) -> Timed:
+    """Run ``cmd``; the wall time covers the whole process, start-up included."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    out_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{os.getpid()}.out"
+    err_path = out_path.with_suffix(".err")
+    with out_path.open("w+") as out, err_path.open("w+") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=full_env, cwd=ROOT)
+        deadline = started + timeout
+        hwm_kb = 0
+        polls = 0
+        while True:
+            pid, status, _usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if polls % 10 == 0:
+                hwm_kb = max(hwm_kb, _vm_hwm_kb(proc.pid))
+            polls += 1
+            if time.perf_counter() > deadline:
+                proc.kill()
+                pid, status, _usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.001)
+        wall = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    out_path.unlink(missing_ok=True)
+    err_path.unlink(missing_ok=True)
+    return Timed(wall, hwm_kb / 1024, proc.returncode, stdout, stderr)
+
+
+def _vm_hwm_kb(pid: int) -> int:
+    """Peak RSS so far of a running process (VmHWM of its own address space).
+
+    Polled, not taken from wait4(): a child forked from this harness carries the harness's
+    peak RSS in its ru_maxrss across exec, which would hide a smaller child's peak.
+    """
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+@dataclass
+class Series:
+    """Repeated measurements of one contender."""
+
+    name: str
+    values: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    @property
+    def lo(self) -> float:
+        return min(self.values) if self.values else float("nan")
+
+    @property
+    def hi(self) -> float:
+        return max(self.values) if self.values else float("nan")
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[bench {time.strftime('%H:%M:%S')}] {msg}\n")
+    sys.stderr.flush()
+
+
+def fmt_rate(x: float) -> str:
+    if x != x:  # nan
+        return "n/a"
+    return f"{x:,.0f}"

@@ -1,0 +1,357 @@
+"""Operator commands: ``jobs``, ``show``, ``retry``, ``cancel`` and ``purge``.
+
+Each is a function that takes the settings and returns a small dict of counts (callable
+from Python), and a ``*_command`` wrapper for the CLI that prints it: one JSON object on
+stdout when stdout is no terminal or with ``--json``, readable text on a terminal.
+Each command opens one connection, runs a few statements of ``sql/queries.sql``, and
+touches only the jobs it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from drainer.errors import ConfigError, DrainerError
+
+if TYPE_CHECKING:
+    from drainer.db import Queries
+    from drainer.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: Statuses a job can have (the table's CHECK constraint).
+STATUSES = ("queued", "running", "done", "failed")
+#: Statuses `drainer purge` may delete: finished jobs only.
+PURGEABLE = ("done", "failed")
+#: Default number of rows `drainer jobs` lists.
+DEFAULT_LIST_LIMIT = 50
+#: Longest list of ids echoed in a report (the counts are always complete).
+MAX_IDS_SHOWN = 100
+#: Times retry runs again when a concurrent enqueue takes a dedup key between its steps.
+RETRY_CONFLICT_ATTEMPTS = 3
+
+
+class JobNotFound(DrainerError):
+    """``drainer show`` of an id that is not in the table (exit 1)."""
+
+
+@contextmanager
+def _queries(settings: Settings) -> Iterator[Queries]:
+    """One connection, schema checked, closed on exit."""
+    from drainer.db import Queries, connect
+    from drainer.migrate import check_schema
+
+    with connect(settings) as conn:
+        q = Queries(conn, settings.schema_name, settings.table)
+        check_schema(q)
+        yield q
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _row(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: _iso(v) for k, v in d.items()}
+
+
+def _ids(ids: Sequence[int]) -> list[int]:
+    return sorted(ids)[:MAX_IDS_SHOWN]
+
+
+# -- jobs and show --------------------------------------------------------------------------------
+
+
+def list_jobs(settings: Settings, *, queue: str | None = None, status: str | None = None,
+              limit: int = DEFAULT_LIST_LIMIT) -> list[dict[str, Any]]:
+    """The newest ``limit`` jobs, of one queue and/or status when given."""
+    if status is not None and status not in STATUSES:
+        raise ConfigError(f"--status must be one of {', '.join(STATUSES)}")
+    if limit < 1:
+        raise ConfigError("--limit must be at least 1")
+    with _queries(settings) as q:
+        rows = q.fetch_dicts("job_list", {"queue": queue, "status": status, "limit": limit})
+    return [_row(r) for r in rows]
+
+
+def get_job(settings: Settings, job_id: int) -> dict[str, Any]:
+    """One job with every column and its full last_error; JobNotFound when absent."""
+    with _queries(settings) as q:
+        rows = q.fetch_dicts("job_get", {"id": job_id})
+    if not rows:
+        raise JobNotFound(f"no job {job_id} in {settings.schema_name}.{settings.table}")
+    return _row(rows[0])
+
+
+# -- retry ----------------------------------------------------------------------------------------
+
+
+def retry_jobs(settings: Settings, *, ids: Sequence[int] | None = None,
+               queue: str | None = None, all_failed: bool = False,
+               dry_run: bool = False) -> dict[str, Any]:
+    """Failed jobs back to queued, attempts reset to 0, due now.
+
+    Exactly one selector: ``ids``, ``queue`` (its failed jobs) or ``all_failed``. Jobs
+    whose dedup_key is now held by a queued or running job are skipped and reported
+    (the unique index allows one), as are jobs cancelled while running whose owner's
+    lease has not yet run out, and named ids that are not failed.
+    """
+    import psycopg
+
+    chosen = [bool(ids), queue is not None, all_failed]
+    if sum(chosen) != 1:
+        raise ConfigError("retry needs exactly one of --id, --queue, --all-failed")
+    id_list = sorted(set(ids)) if ids else None
+    with _queries(settings) as q:
+        for attempt in range(1, RETRY_CONFLICT_ATTEMPTS + 1):
+            try:
+                with q.conn.transaction(force_rollback=dry_run):
+                    plan = q.fetch_dicts("retry_plan", {"ids": id_list, "queue": queue})
+                    go = [p["id"] for p in plan if p["verdict"] == "retry"]
+                    retried = go if dry_run or not go else [
+                        r["id"] for r in q.fetch_dicts("retry_many", {"ids": go})]
+                break
+            except psycopg.errors.UniqueViolation:
+                # a producer enqueued a job with one of these dedup keys between the
+                # plan and the update: plan again, it will now be skipped
+                if attempt == RETRY_CONFLICT_ATTEMPTS:
+                    raise DrainerError("retry: dedup keys kept being taken by concurrent "
+                                       "enqueues; nothing was changed, try again") from None
+                logger.info("retry: a dedup key was taken meanwhile; planning again")
+        others = _explain(q, id_list, plan)
+    by = {v: [p for p in plan if p["verdict"] == v]
+          for v in ("dedup_taken", "dedup_duplicate", "lease_active")}
+    out: dict[str, Any] = {
+        "dry_run": dry_run,
+        "retried": len(retried),
+        "skipped_dedup": len(by["dedup_taken"]) + len(by["dedup_duplicate"]),
+        "skipped_lease_active": len(by["lease_active"]),
+        "not_failed": len(others["not_failed"]),
+        "not_found": len(others["not_found"]),
+        "busy": len(others["busy"]),
+    }
+    if id_list is not None:
+        out["retried_ids"] = _ids(retried)
+    if out["skipped_dedup"]:
+        out["skipped_dedup_ids"] = _ids([p["id"] for p in by["dedup_taken"]
+                                         + by["dedup_duplicate"]])
+        out["skipped_dedup_keys"] = sorted({p["dedup_key"] for p in by["dedup_taken"]
+                                            + by["dedup_duplicate"]})[:MAX_IDS_SHOWN]
+    if out["skipped_lease_active"]:
+        out["skipped_lease_active_ids"] = _ids([p["id"] for p in by["lease_active"]])
+    for key in ("not_failed", "not_found", "busy"):
+        if others[key]:
+            out[f"{key}_ids"] = _ids(others[key])
+    if not dry_run:
+        logger.info("retry: %d failed jobs back to queued (%s)", len(retried),
+                    f"ids {id_list}" if id_list else f"queue {queue!r}" if queue else
+                    "all failed", extra={k: v for k, v in out.items() if isinstance(v, int)})
+    return out
+
+
+def _explain(q: Queries, ids: list[int] | None, plan: list[dict[str, Any]]
+             ) -> dict[str, list[int]]:
+    """For named ids the plan left out: not found, not failed, or locked by someone else."""
+    out: dict[str, list[int]] = {"not_failed": [], "not_found": [], "busy": []}
+    if ids is None:
+        return out
+    planned = {p["id"] for p in plan}
+    rest = [i for i in ids if i not in planned]
+    if not rest:
+        return out
+    found = {r["id"]: r["status"] for r in q.fetch_dicts("job_status_many", {"ids": rest})}
+    for i in rest:
+        status = found.get(i)
+        if status is None:
+            out["not_found"].append(i)
+        elif status == "failed":
+            out["busy"].append(i)  # locked by a concurrent retry: SKIP LOCKED left it
+        else:
+            out["not_failed"].append(i)
+    return out
+
+
+# -- cancel ---------------------------------------------------------------------------------------
+
+
+def cancel_jobs(settings: Settings, ids: Sequence[int], *, dry_run: bool = False
+                ) -> dict[str, Any]:
+    """Queued and running jobs -> failed with last_error 'cancelled'.
+
+    A running job is cancelled in the table at once; its owner learns it at its next
+    heartbeat (the lease extension updates 0 rows), sets ``job.cancelled`` so the handler
+    can stop, and its outcome is not written. Done and failed jobs are left alone.
+    """
+    if not ids:
+        raise ConfigError("cancel needs at least one --id")
+    id_list = sorted(set(ids))
+    with _queries(settings) as q:
+        before = {r["id"]: r["status"]
+                  for r in q.fetch_dicts("job_status_many", {"ids": id_list})}
+        if dry_run:
+            hit = {i: s for i, s in before.items() if s in ("queued", "running")}
+        else:
+            hit = {r["id"]: r["was"] for r in q.fetch_dicts("cancel_many", {"ids": id_list})}
+    queued = [i for i, s in hit.items() if s == "queued"]
+    running = [i for i, s in hit.items() if s == "running"]
+    finished = [i for i in id_list if i not in hit and before.get(i) in ("done", "failed")]
+    missing = [i for i in id_list if i not in before]
+    busy = [i for i in id_list if i not in hit and before.get(i) in ("queued", "running")]
+    out: dict[str, Any] = {
+        "dry_run": dry_run,
+        "cancelled": len(hit),
+        "cancelled_queued": len(queued),
+        "cancelled_running": len(running),
+        "already_finished": len(finished),
+        "not_found": len(missing),
+        "busy": len(busy),
+        "cancelled_ids": _ids(list(hit)),
+    }
+    for key, vals in (("already_finished_ids", finished), ("not_found_ids", missing),
+                      ("busy_ids", busy)):
+        if vals:
+            out[key] = _ids(vals)
+    if not dry_run:
+        logger.info("cancel: %d jobs cancelled (%d queued, %d running)", len(hit),
+                    len(queued), len(running), extra={"cancelled_ids": out["cancelled_ids"]})
+    return out
+
+
+# -- purge ----------------------------------------------------------------------------------------
+
+
+def purge_jobs(settings: Settings, *, status: str, older_than: float,
+               dry_run: bool = False) -> dict[str, Any]:
+    """Delete ``status`` jobs (done or failed) finished more than ``older_than`` seconds ago,
+    in batches of ``archive_batch_size`` rows a statement."""
+    if status not in PURGEABLE:
+        raise ConfigError(f"--status must be one of {', '.join(PURGEABLE)} (queued and "
+                          "running jobs are never purged; cancel them first)")
+    if older_than < 0:
+        raise ConfigError("--older-than must not be negative")
+    batch = settings.archive_batch_size
+    deleted = 0
+    statements = 0
+    with _queries(settings) as q:
+        if dry_run:
+            rows = q.fetch_dicts("purge_count", {"status": status, "older_than": older_than})
+            deleted = int(rows[0]["count"])
+            statements = 1
+        else:
+            while True:
+                n = q.archive_batch(status, older_than, batch, move=False)
+                statements += 1
+                deleted += n
+                if n < batch:
+                    break
+    if not dry_run:
+        logger.info("purge: deleted %d %s jobs finished more than %.0fs ago", deleted, status,
+                    older_than)
+    return {"dry_run": dry_run, "status": status, "older_than_s": older_than,
+            "purged": deleted, "statements": statements}
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+
+
+def _emit(args: argparse.Namespace, obj: Any, text: Callable[[Any], str]) -> None:
+    from drainer.status import wants_json
+
+    if wants_json(args):
+        sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    else:
+        sys.stdout.write(text(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows]
+
+
+def render_jobs(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no jobs)"
+    table: list[tuple[str, ...]] = [("id", "queue", "status", "attempts", "run_at",
+                                     "locked_until", "finished_at", "last_error")]
+    for r in rows:
+        table.append((str(r["id"]), r["queue"], r["status"],
+                      f"{r['attempts']}/{r['max_attempts']}", _short_time(r["run_at"]),
+                      _short_time(r["locked_until"]), _short_time(r["finished_at"]),
+                      (r["error"] or "")[:60]))
+    return "\n".join(_table(table))
+
+
+def _short_time(value: str | None) -> str:
+    return "-" if value is None else value[:19].replace("T", " ")
+
+
+def render_job(job: dict[str, Any]) -> str:
+    lines = []
+    for key, value in job.items():
+        if key in ("payload", "last_error"):
+            continue
+        lines.append(f"{key + ':':15s}{'-' if value is None else value}")
+    lines.append("payload:")
+    lines.append(json.dumps(job["payload"], indent=2, ensure_ascii=False))
+    lines.append("last_error:" + (" -" if job["last_error"] is None else ""))
+    if job["last_error"] is not None:
+        lines.append(job["last_error"].rstrip())
+    return "\n".join(lines)
+
+
+def render_counts(report: dict[str, Any]) -> str:
+    head = "dry run, nothing changed: " if report.get("dry_run") else ""
+    counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report.items()
+                       if isinstance(v, int) and not isinstance(v, bool) and k != "statements"
+                       and (v or k in ("retried", "cancelled", "purged")))
+    lines = [head + counts]
+    for k, v in report.items():
+        if isinstance(v, list) and v:
+            lines.append(f"  {k.replace('_', ' ')}: {', '.join(map(str, v))}")
+    return "\n".join(lines)
+
+
+def jobs_command(args: argparse.Namespace, settings: Settings) -> int:
+    rows = list_jobs(settings, queue=args.job_queue, status=args.status, limit=args.limit)
+    _emit(args, rows, render_jobs)
+    return 0
+
+
+def show_command(args: argparse.Namespace, settings: Settings) -> int:
+    _emit(args, get_job(settings, args.id), render_job)
+    return 0
+
+
+def retry_command(args: argparse.Namespace, settings: Settings) -> int:
+    report = retry_jobs(settings, ids=args.ids, queue=args.job_queue,
+                        all_failed=args.all_failed, dry_run=args.dry_run)
+    _emit(args, report, render_counts)
+    return 0
+
+
+def cancel_command(args: argparse.Namespace, settings: Settings) -> int:
+    report = cancel_jobs(settings, args.ids, dry_run=args.dry_run)
+    _emit(args, report, render_counts)
+    return 0
+
+
+def purge_command(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.settings import parse_duration
+
+    try:
+        older_than = float(parse_duration(args.older_than))
+    except ValueError as exc:
+        raise ConfigError(f"--older-than: {exc}") from None
+    report = purge_jobs(settings, status=args.status, older_than=older_than,
+                        dry_run=args.dry_run)
+    _emit(args, report, render_counts)
+    return 0

@@ -1,0 +1,392 @@
+"""``drainer serve``: an HTTP trigger that runs coalesced drains; no connection while idle."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from drainer._redact import redact
+from drainer.errors import ConfigError, DrainerError
+
+if TYPE_CHECKING:
+    import argparse
+
+    from drainer.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: Largest request body accepted (POST /drain needs none); larger ones get 413.
+MAX_BODY_BYTES = 16 * 1024
+#: Oversized bodies up to this size are read and dropped so the client sees the 413
+#: instead of a connection reset; beyond it the connection is closed at once.
+DISCARD_LIMIT_BYTES = 1024 * 1024
+#: Finished runs kept for GET /runs/<id>.
+KEEP_RUNS = 100
+#: Seconds a client may take to send its request (socket timeout of each read).
+REQUEST_TIMEOUT_S = 15.0
+#: Port when neither --port nor $PORT is given (Cloud Run's default).
+DEFAULT_PORT = 8080
+
+DrainFunc = Callable[[threading.Event], dict[str, Any]]
+
+
+@dataclass
+class Run:
+    """One drain requested through POST /drain."""
+
+    id: str
+    status: str = "queued"  # queued, running, done, error, cancelled
+    requested_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    finished_at: float | None = None
+    report: dict[str, Any] | None = None
+    error: str | None = None
+    exit_code: int | None = None
+    finished: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"run_id": self.id, "status": self.status,
+                               "requested_at": _iso(self.requested_at),
+                               "started_at": _iso(self.started_at),
+                               "finished_at": _iso(self.finished_at)}
+        if self.report is not None:
+            out["report"] = self.report
+        if self.error is not None:
+            out["error"] = self.error
+            out["exit_code"] = self.exit_code
+        return out
+
+
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+class Closed(Exception):
+    """The server is shutting down: no new drains."""
+
+
+class Coalescer:
+    """One drain running, at most one queued behind it; later triggers join the queued one.
+
+    A trigger that arrives while a drain runs may be for a job committed after that
+    drain's last claim, so it gets the queued drain (which starts when the running one
+    ends); every trigger that arrives while one is queued joins it.
+    """
+
+    def __init__(self, drain: DrainFunc, keep: int = KEEP_RUNS) -> None:
+        self._drain = drain
+        self._keep = keep
+        self._lock = threading.Lock()
+        self.running: Run | None = None
+        self.queued: Run | None = None
+        self._finished: OrderedDict[str, Run] = OrderedDict()
+        self._thread: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.started = 0
+
+    def request(self) -> tuple[Run, bool]:
+        """The run that will serve this trigger, and whether it joined an existing one."""
+        with self._lock:
+            if self.stop.is_set():
+                raise Closed()
+            if self.queued is not None:
+                return self.queued, True
+            run = Run(uuid.uuid4().hex[:12])
+            if self.running is None:
+                run.status = "running"
+                self.running = run
+                self._thread = threading.Thread(target=self._loop, args=(run,),
+                                                name="drainer-serve-drain", daemon=True)
+                self._thread.start()
+            else:
+                self.queued = run
+            return run, False
+
+    def get(self, run_id: str) -> Run | None:
+        with self._lock:
+            for run in (self.running, self.queued):
+                if run is not None and run.id == run_id:
+                    return run
+            return self._finished.get(run_id)
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            return {"draining": self.running is not None, "queued": self.queued is not None,
+                    "runs_started": self.started, "stopping": self.stop.is_set()}
+
+    def _loop(self, run: Run | None) -> None:
+        while run is not None:
+            with self._lock:
+                run.status = "running"
+                run.started_at = time.time()
+                self.started += 1
+            logger.info("drain %s started", run.id, extra={"run_id": run.id})
+            try:
+                report = self._drain(self.stop)
+                report["run_id"] = run.id
+                run.report = report
+                run.status = "done"
+            except DrainerError as exc:
+                run.status, run.error, run.exit_code = "error", redact(str(exc)), exc.exit_code
+            except Exception as exc:
+                run.status = "error"
+                run.error = redact(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+                run.exit_code = 1
+            run.finished_at = time.time()
+            if run.status == "done":
+                logger.info("drain %s done", run.id, extra={"run_id": run.id,
+                                                            "report": run.report})
+            else:
+                logger.error("drain %s failed: %s", run.id, run.error,
+                             extra={"run_id": run.id})
+            with self._lock:
+                self._remember(run)
+                run.finished.set()
+                nxt = self.queued
+                self.queued = None
+                if nxt is not None and self.stop.is_set():
+                    nxt.status = "cancelled"
+                    nxt.finished_at = time.time()
+                    self._remember(nxt)
+                    nxt.finished.set()
+                    nxt = None
+                self.running = nxt
+            run = nxt
+
+    def _remember(self, run: Run) -> None:
+        self._finished[run.id] = run
+        while len(self._finished) > self._keep:
+            self._finished.popitem(last=False)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """No new drains; ask the running one to stop (finish or release); wait for it."""
+        with self._lock:
+            self.stop.set()
+            queued, self.queued = self.queued, None
+            if queued is not None:
+                queued.status = "cancelled"
+                queued.finished_at = time.time()
+                self._remember(queued)
+                queued.finished.set()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    # socketserver's default backlog of 5 drops a burst of triggers' SYNs (clients then
+    # retry after 1 s); a burst of producers committing at once is the normal case here.
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], coalescer: Coalescer,
+                 token: str | None) -> None:
+        super().__init__(address, _Handler)
+        self.coalescer = coalescer
+        self.expected = None if token is None else f"Bearer {token}".encode()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "drainer"
+    sys_version = ""
+    timeout = REQUEST_TIMEOUT_S  # a client that sends nothing does not hold a thread forever
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("%s %s", self.address_string(), format % args)
+
+    # -- responses --------------------------------------------------------------------------------
+    def _send(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+              ) -> None:
+        data = (json.dumps(body) + "\n").encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _authorized(self) -> bool:
+        expected = self.server.expected
+        if expected is None:
+            return True
+        given = self.headers.get("Authorization", "").encode("utf-8", "replace")
+        return hmac.compare_digest(given, expected)
+
+    def _read_body(self) -> bool:
+        """Read (and drop) the body; False when a 4xx was sent instead."""
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            self._send(411, {"error": "send a Content-Length (chunked bodies are refused)"})
+            return False
+        raw = self.headers.get("Content-Length") or "0"
+        try:
+            length = int(raw)
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self.close_connection = True
+            self._send(400, {"error": "bad Content-Length"})
+            return False
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            if length <= DISCARD_LIMIT_BYTES:
+                self.rfile.read(length)
+            self._send(413, {"error": f"body too large (at most {MAX_BODY_BYTES} bytes)"})
+            return False
+        if length:
+            self.rfile.read(length)
+        return True
+
+    # -- routes -----------------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/healthz":
+            # Answered from the process: a health check that queried the database would
+            # keep a suspendable compute awake.
+            self._send(200, {"status": "ok", **self.server.coalescer.state()})
+        elif path.startswith("/runs/"):
+            if not self._authorized():
+                self._unauthorized()
+                return
+            run = self.server.coalescer.get(path[len("/runs/"):])
+            if run is None:
+                self._send(404, {"error": f"no such run (the last {KEEP_RUNS} are kept)"})
+            else:
+                self._send(200 if run.finished.is_set() else 202, run.as_dict())
+        elif path == "/drain":
+            self._send(405, {"error": "use POST /drain"}, {"Allow": "POST"})
+        else:
+            self._send(404, {"error": "not found"})
+
+    do_HEAD = do_GET
+
+    def do_POST(self) -> None:
+        parts = urlsplit(self.path)
+        if parts.path != "/drain":
+            self.close_connection = True
+            self._send(404, {"error": "not found"})
+            return
+        if not self._authorized():
+            self._unauthorized()
+            return
+        if not self._read_body():
+            return
+        try:
+            run, joined = self.server.coalescer.request()
+        except Closed:
+            self._send(503, {"error": "shutting down"}, {"Retry-After": "1"})
+            return
+        wait = parse_qs(parts.query).get("wait", ["0"])[-1].lower() in {"1", "true", "yes"}
+        if wait:
+            # For platforms that stop an instance's CPU (or the instance) once no request
+            # is open: hold this request until the drain ends.
+            run.finished.wait()
+            self._send(200, run.as_dict())
+            return
+        self._send(202, {"run_id": run.id, "status": run.status, "coalesced": joined},
+                   {"Location": f"/runs/{run.id}"})
+
+    def do_PUT(self) -> None:
+        self.close_connection = True
+        self._send(404 if urlsplit(self.path).path != "/drain" else 405,
+                   {"error": "not found"}, {"Allow": "POST"})
+
+    do_DELETE = do_PATCH = do_PUT
+
+    def _unauthorized(self) -> None:
+        self.close_connection = True
+        self._send(401, {"error": "missing or wrong bearer token"},
+                   {"WWW-Authenticate": 'Bearer realm="drainer"'})
+
+
+def drain_func(settings: Settings) -> DrainFunc:
+    """The drain each POST /drain runs: :func:`drainer.drain.run_once` with the stop event."""
+
+    def drain(stop: threading.Event) -> dict[str, Any]:
+        from drainer.drain import run_once
+
+        return run_once(settings, stop=stop).as_dict()
+
+    return drain
+
+
+def make_server(settings: Settings, host: str, port: int, *, token: str | None,
+                drain: DrainFunc | None = None) -> _Server:
+    """The HTTP server, bound and ready for ``serve_forever`` (used by tests too)."""
+    coalescer = Coalescer(drain or drain_func(settings))
+    try:
+        return _Server((host, port), coalescer, token)
+    except OSError as exc:
+        raise DrainerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def serve_command(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.drain import resolve_queues
+    from drainer.registry import default_registry
+
+    token = settings.trigger_token.get_secret_value() if settings.trigger_token else None
+    if not token and not args.no_auth:
+        raise ConfigError("no trigger token: set DRAINER_TRIGGER_TOKEN (or --trigger-token), "
+                          "or pass --no-auth when something in front authenticates")
+    if args.no_auth:
+        token = None
+        logger.warning("--no-auth: anyone who can reach this port can start drains")
+    settings.dsn  # noqa: B018 - a missing database URL is a configuration error (exit 2)
+    queues = resolve_queues(settings, default_registry)  # loads the app; exit 2 if wrong
+    port = args.port if args.port is not None else _env_port()
+    server = make_server(settings, args.host, port, token=token)
+    host, bound = server.server_address[:2]
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        logger.info("received %s: no new drains; the running one finishes or releases its "
+                    "jobs", signal.Signals(signum).name)
+        stop_requested.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                              name="drainer-serve-http", daemon=True)
+    thread.start()
+    logger.info("listening on http://%s:%d (POST /drain, GET /healthz, GET /runs/<id>); "
+                "queues: %s; no database connection until a drain is requested",
+                host, bound, ", ".join(queues), extra={"port": bound})
+    try:
+        while not stop_requested.wait(0.5):
+            pass
+    finally:
+        server.shutdown()  # stop accepting
+        server.server_close()
+        server.coalescer.shutdown(timeout=settings.grace + 60)
+        for s, h in previous.items():
+            signal.signal(s, h)
+    logger.info("stopped after %d drain(s)", server.coalescer.started)
+    return 0
+
+
+def _env_port() -> int:
+    raw = os.environ.get("PORT")
+    if not raw:
+        return DEFAULT_PORT
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"PORT is not a port number: {raw!r}") from None

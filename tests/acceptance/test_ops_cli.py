@@ -1,0 +1,194 @@
+"""The operator commands through the real ``drainer`` CLI (subprocesses, real PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from drainer.cli import build_parser
+from drainer.settings import Settings
+from tests.conftest import ROOT, cli_env, run_cli
+from tests.integration.test_ops import add, ago, row, snapshot
+
+Conn = psycopg.Connection[Any]
+
+
+def ok_json(args: list[str], pg_url: str, schema: str) -> Any:
+    p = run_cli(args, pg_url=pg_url, schema=schema)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 1, p.stdout
+    return json.loads(lines[0])
+
+
+def run_in_pty(args: list[str], env: dict[str, str], timeout: float = 30
+               ) -> tuple[int, str]:
+    """Run the CLI with stdout and stderr on a pseudo-terminal; return (code, output)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "drainer", *args], stdin=subprocess.DEVNULL,
+                            stdout=slave, stderr=slave, env=env, cwd=ROOT)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    code = proc.wait(timeout=10)
+    return code, b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_commands_print_json_counts(migrated: Settings, conn: Conn, pg_url: str,
+                                    schema: str) -> None:
+    s = migrated
+    failed = add(conn, s, "mail", 2, status="failed", last_error="SMTP 451\ntail")
+    queued = add(conn, s, "mail", 2)
+    old_done = add(conn, s, "mail", 3, status="done", finished_at=ago(9 * 86400))
+
+    st = ok_json(["status", "--json"], pg_url, schema)
+    assert st["totals"]["failed"] == 2 and st["queues"]["mail"]["done"] == 3
+    assert st["queues"]["mail"]["top_failed_error"] == {"error": "SMTP 451", "jobs": 2}
+
+    listed = ok_json(["jobs", "--queue", "mail", "--status", "failed"], pg_url, schema)
+    assert [j["id"] for j in listed] == sorted(failed, reverse=True)
+    assert len(ok_json(["jobs", "--limit", "3"], pg_url, schema)) == 3
+
+    shown = ok_json(["show", str(failed[0])], pg_url, schema)
+    assert shown["last_error"] == "SMTP 451\ntail"
+
+    retried = ok_json(["retry", "--id", str(failed[0]), str(queued[0])], pg_url, schema)
+    assert retried["retried"] == 1 and retried["not_failed_ids"] == [queued[0]]
+    assert row(conn, s, failed[0])["status"] == "queued"
+    assert ok_json(["retry", "--queue", "mail"], pg_url, schema)["retried"] == 1
+
+    cancelled = ok_json(["cancel", "--id", str(queued[1]), "--id", str(old_done[0])],
+                        pg_url, schema)
+    assert cancelled["cancelled"] == 1 and cancelled["already_finished_ids"] == [old_done[0]]
+    assert row(conn, s, queued[1])["last_error"] == "cancelled"
+    assert ok_json(["retry", "--all-failed"], pg_url, schema)["retried"] == 1
+
+    purged = ok_json(["purge", "--status", "done", "--older-than", "7d"], pg_url, schema)
+    assert purged["purged"] == 3
+    assert not {r[0] for r in snapshot(conn, s)} & set(old_done)
+
+
+def test_dry_runs_change_nothing(migrated: Settings, conn: Conn, pg_url: str,
+                                 schema: str) -> None:
+    s = migrated
+    failed = add(conn, s, "a", 2, status="failed", attempts=5)
+    queued = add(conn, s, "a", 2)
+    add(conn, s, "a", 2, status="done", finished_at=ago(30 * 86400))
+    before = snapshot(conn, s)
+    assert ok_json(["retry", "--all-failed", "--dry-run"], pg_url, schema)["retried"] == 2
+    assert ok_json(["retry", "--id", *map(str, failed), "--dry-run"], pg_url,
+                   schema)["retried"] == 2
+    assert ok_json(["cancel", "--id", *map(str, queued), "--dry-run"], pg_url,
+                   schema)["cancelled"] == 2
+    assert ok_json(["purge", "--status", "done", "--older-than", "1d", "--dry-run"], pg_url,
+                   schema)["purged"] == 2
+    assert snapshot(conn, s) == before
+
+
+@pytest.mark.parametrize("args", [
+    ["retry"],
+    ["retry", "--dry-run"],
+    ["retry", "--id", "1", "--all-failed"],
+    ["retry", "--queue", "a", "--all-failed"],
+    ["retry", "--id", "1", "--queue", "a"],
+    ["retry", "--id", "0"],
+    ["cancel"],
+    ["cancel", "--id", "x"],
+    ["purge", "--older-than", "7d"],
+    ["purge", "--status", "done"],
+    ["purge", "--status", "queued", "--older-than", "7d"],
+    ["purge", "--status", "done", "--older-than", "soon"],
+    ["jobs", "--limit", "0"],
+    ["jobs", "--status", "stuck"],
+    ["show"],
+    ["show", "abc"],
+])
+def test_ambiguous_or_bad_input_is_refused(args: list[str], migrated: Settings, conn: Conn,
+                                           pg_url: str, schema: str) -> None:
+    add(conn, migrated, "a", 1, status="failed")
+    before = snapshot(conn, migrated)
+    p = run_cli(args, pg_url=pg_url, schema=schema)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stdout == ""
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    assert snapshot(conn, migrated) == before
+
+
+def test_show_missing_job_and_missing_schema(migrated: Settings, pg_url: str,
+                                             schema: str) -> None:
+    p = run_cli(["show", "424242"], pg_url=pg_url, schema=schema)
+    assert p.returncode == 1 and p.stderr.strip() == \
+        f"drainer show: no job 424242 in {schema}.jobs"
+    p = run_cli(["jobs"], pg_url=pg_url, schema=schema + "_none")
+    assert p.returncode == 4 and "drainer migrate" in p.stderr
+
+
+def test_status_and_jobs_are_tables_on_a_terminal(migrated: Settings, conn: Conn,
+                                                  pg_url: str, schema: str) -> None:
+    add(conn, migrated, "mail", 2, status="failed", last_error="SMTP 451: later")
+    add(conn, migrated, "mail", 1)
+    env = cli_env(pg_url, schema)
+    code, out = run_in_pty(["status"], env)
+    assert code == 0, out
+    assert "queue" in out and "oldest due" in out and "SMTP 451: later" in out
+    assert not out.lstrip().startswith("{")
+    code, out = run_in_pty(["jobs"], env)
+    assert code == 0 and "last_error" in out and "SMTP 451: later" in out
+    code, out = run_in_pty(["retry", "--all-failed", "--dry-run"], env)
+    assert code == 0 and out.startswith("dry run, nothing changed: retried 2"), out
+    code, out = run_in_pty(["status", "--json"], env)
+    assert code == 0 and json.loads(out)["totals"]["failed"] == 2
+
+
+def test_every_command_and_option_has_help() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    choices: dict[str, Any] = sub.choices  # type: ignore[assignment]
+    for name in ("status", "jobs", "show", "retry", "cancel", "purge"):
+        assert name in choices
+    for name, p in choices.items():
+        assert p.description, name
+        for action in p._actions:
+            if action.dest == "help":
+                continue
+            assert action.help and len(action.help) > 10, (name, action.dest)
+    p = run_cli(["retry", "--help"], pg_url=None, schema=None)
+    assert p.returncode == 0 and "--all-failed" in p.stdout and "--dry-run" in p.stdout
+
+
+def test_purge_counts_are_exact_on_a_bigger_table(migrated: Settings, conn: Conn,
+                                                  pg_url: str, schema: str) -> None:
+    conn.execute(sql.SQL(
+        "INSERT INTO {} (queue, status, finished_at) SELECT 'bulk', 'done', "
+        "now() - interval '10 days' FROM generate_series(1, 25000)").format(
+            sql.Identifier(schema, "jobs")))
+    add(conn, migrated, "bulk", 3, status="done")
+    purged = ok_json(["purge", "--status", "done", "--older-than", "7d"], pg_url, schema)
+    assert purged["purged"] == 25000 and purged["statements"] == 3  # 10,000 a statement
+    left = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+        sql.Identifier(schema, "jobs"))).fetchone()
+    assert left == (3,)

@@ -1,0 +1,100 @@
+"""Helpers of the reliability tests: drainer subprocesses, execution logs, table snapshots."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from tests.conftest import ROOT, cli_env
+
+
+def start_drainer(args: list[str], *, pg_url: str, schema: str, log_dir: Path,
+                  **env: str) -> subprocess.Popen[str]:
+    """Start ``drainer <args>`` with the rel_jobs app; executions go to ``log_dir``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "drainer", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env=cli_env(pg_url, schema, DRAINER_APP="rel_jobs", REL_LOG_DIR=str(log_dir),
+                    DRAINER_LOG_FORMAT="json", **env),
+    )
+
+
+def executions(log_dir: Path, event: str = "start") -> list[tuple[int, int, int]]:
+    """Every recorded ``(job_id, attempt, pid)`` of one event, in no particular order."""
+    out = []
+    for f in log_dir.glob("*.log"):
+        for line in f.read_text().splitlines():
+            job_id, attempt, pid, ev = line.split()
+            if ev == event:
+                out.append((int(job_id), int(attempt), int(pid)))
+    return out
+
+
+def runs_per_job(log_dir: Path) -> Counter[int]:
+    return Counter(job_id for job_id, _a, _p in executions(log_dir))
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    until = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > until:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def jobs(conn: psycopg.Connection[Any], schema: str, table: str = "jobs"
+         ) -> dict[int, dict[str, Any]]:
+    """The whole jobs table by id (status, attempts, max_attempts, last_error, lease)."""
+    cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+    cur.execute(sql.SQL(
+        "SELECT id, queue, status, attempts, max_attempts, last_error, "
+        "locked_until, locked_until < now() AS expired, run_at, finished_at FROM {}"
+    ).format(sql.Identifier(schema, table)))
+    return {r["id"]: r for r in cur.fetchall()}
+
+
+def status_counts(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
+    return dict(Counter(r["status"] for r in jobs(conn, schema).values()))
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str, str]:
+    """Wait for a drainer subprocess; kill it and fail if it hangs."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"drainer hung for {timeout}s; stderr tail: {err[-2000:]}"
+                             ) from None
+    return proc.returncode, out, err
+
+
+SECRET = "S3cretPw_xyz"
+
+
+def secret_dsn(pg_url: str) -> tuple[str, str] | None:
+    """A working DSN holding a recognisable password, and that password; None when the
+    server checks passwords and the test URL has none."""
+    from drainer._redact import password_of
+    from tests.conftest import _reachable
+
+    existing = password_of(pg_url)
+    if existing:
+        return pg_url, existing
+    scheme, rest = pg_url.split("://", 1)
+    userinfo, host = rest.split("@", 1)
+    url = f"{scheme}://{userinfo.split(':', 1)[0]}:{SECRET}@{host}"
+    return (url, SECRET) if _reachable(url) else None

@@ -1,0 +1,242 @@
+"""Scenarios 6 and 8 on the statements themselves (``drainer.db.Queries``): fenced writes
+by a worker that no longer owns a job change nothing, under any interleaving."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from psycopg import sql
+
+from drainer.db import Queries
+from drainer.producer import enqueue
+from drainer.settings import Settings
+from tests.reliability._helpers import jobs, wait_for
+
+
+def test_slow_workers_late_writes_update_nothing(
+    migrated: Settings, conn: psycopg.Connection[Any], pg_url: str
+) -> None:
+    schema = migrated.schema_name
+    job_id = enqueue(conn, "q", {"to": "a@example.com"}, max_attempts=2, schema=schema)
+    with psycopg.connect(pg_url, autocommit=True) as ca, \
+            psycopg.connect(pg_url, autocommit=True) as cb:
+        slow, fast = Queries(ca, schema, "jobs"), Queries(cb, schema, "jobs")
+        (mine,) = slow.claim_batch("q", 10, 0.2)
+        assert (mine.id, mine.attempts) == (job_id, 1)
+        wait_for(lambda: jobs(conn, schema)[job_id]["expired"], 5, "the lease to expire")
+        assert fast.reap_expired(["q"]) == [(job_id, "queued", 1)]
+        (theirs,) = fast.claim_batch("q", 10, 60)
+        assert theirs.attempts == 2
+        before = jobs(conn, schema)[job_id]
+
+        # The slow worker wakes up: every fenced write it tries is UPDATE 0.
+        assert slow.complete_many([job_id], [1]) == set()
+        assert slow.fail_many([job_id], [1], ["slow"], [None], 10, 3600) == []
+        assert slow.extend_many([job_id], [1], [300]) == {}
+        assert slow.release_many([job_id], [1]) == set()
+        assert slow.complete_many([job_id], [1], delete=True) == set()
+        assert jobs(conn, schema)[job_id] == before
+
+        # The new owner's verdict stands, and the slow one still cannot overwrite it.
+        assert fast.fail_many([job_id], [2], ["new owner's error"], [None], 10, 3600) == [
+            (job_id, "failed", before["run_at"])]
+        assert slow.complete_many([job_id], [1]) == set()
+        after = jobs(conn, schema)[job_id]
+        assert (after["status"], after["attempts"], after["last_error"]) == (
+            "failed", 2, "new owner's error")
+
+
+WORKERS = 3
+
+
+@dataclass
+class _Job:
+    status: str
+    attempts: int
+    max_attempts: int
+    priority: int
+    due: bool = True
+    expired: bool = False
+
+
+def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[Any],
+             schema: str) -> type[RuleBasedStateMachine]:
+    table = sql.Identifier(schema, "jobs")
+    queries = [Queries(c, schema, "jobs") for c in conns]
+
+    class QueueMachine(RuleBasedStateMachine):
+        """Simulated workers claim, finish, extend, release; time passes; reaper and
+        archiver run. A model says what the table must hold after every step."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            observer.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY").format(table))
+            self.model: dict[int, _Job] = {}
+            self.held: list[tuple[int, int, int]] = []  # (worker, id, attempt), stale too
+
+        def _owner(self, job_id: int, attempt: int) -> bool:
+            m = self.model.get(job_id)
+            return m is not None and m.status == "running" and m.attempts == attempt
+
+        @initialize(attempts=st.lists(st.integers(1, 3), min_size=1, max_size=6))
+        def some_jobs(self, attempts: list[int]) -> None:
+            for a in attempts:
+                self.enqueue(a, 0)
+
+        @rule(max_attempts=st.integers(1, 3), priority=st.integers(0, 2))
+        def enqueue(self, max_attempts: int, priority: int) -> None:
+            job_id = enqueue(observer, "q", {}, max_attempts=max_attempts, priority=priority,
+                             schema=schema)
+            assert job_id is not None
+            self.model[job_id] = _Job("queued", 0, max_attempts, priority)
+
+        @rule(worker=st.integers(0, WORKERS - 1), batch=st.integers(1, 4))
+        def claim(self, worker: int, batch: int) -> None:
+            due = {i for i, m in self.model.items() if m.status == "queued" and m.due}
+            rows = queries[worker].claim_batch("q", batch, 60.0)
+            ids = {r.id for r in rows}
+            assert ids <= due, "claimed a job that was not due and queued"
+            assert len(rows) == len(ids) == min(batch, len(due)), "a due job was skipped"
+            if ids and due - ids:
+                assert min(self.model[i].priority for i in ids) >= max(
+                    self.model[i].priority for i in due - ids)
+            for r in rows:
+                m = self.model[r.id]
+                m.status, m.attempts, m.expired = "running", m.attempts + 1, False
+                assert r.attempts == m.attempts
+                self.held.append((worker, r.id, r.attempts))
+
+        @precondition(lambda self: self.held)
+        @rule(data=st.data())
+        def complete(self, data: st.DataObject) -> None:
+            worker, job_id, attempt = data.draw(st.sampled_from(self.held))
+            written = queries[worker].complete_many([job_id], [attempt])
+            assert (job_id in written) == self._owner(job_id, attempt)
+            if written:
+                self.model[job_id].status = "done"
+
+        @precondition(lambda self: self.held)
+        @rule(data=st.data(), backoff=st.booleans())
+        def fail(self, data: st.DataObject, backoff: bool) -> None:
+            worker, job_id, attempt = data.draw(st.sampled_from(self.held))
+            rows = queries[worker].fail_many([job_id], [attempt], [f"error {attempt}"], [None],
+                                             3600.0 if backoff else 0.0, 3600.0)
+            assert bool(rows) == self._owner(job_id, attempt)
+            if rows:
+                m = self.model[job_id]
+                m.status = "failed" if m.attempts >= m.max_attempts else "queued"
+                m.due = m.status == "failed" or not backoff
+                assert rows[0][1] == m.status
+
+        @precondition(lambda self: self.held)
+        @rule(data=st.data())
+        def extend(self, data: st.DataObject) -> None:
+            worker, job_id, attempt = data.draw(st.sampled_from(self.held))
+            kept = queries[worker].extend_many([job_id], [attempt], [60.0])
+            assert (job_id in kept) == self._owner(job_id, attempt)
+            if kept:
+                self.model[job_id].expired = False
+
+        @precondition(lambda self: self.held)
+        @rule(data=st.data())
+        def release(self, data: st.DataObject) -> None:
+            worker, job_id, attempt = data.draw(st.sampled_from(self.held))
+            released = queries[worker].release_many([job_id], [attempt])
+            assert (job_id in released) == self._owner(job_id, attempt)
+            if released:
+                m = self.model[job_id]
+                m.status, m.attempts = "queued", m.attempts - 1
+
+        @precondition(lambda self: any(m.status == "running" for m in self.model.values()))
+        @rule(data=st.data())
+        def time_passes(self, data: st.DataObject) -> None:
+            """A running job's lease runs out (its worker stalled or died)."""
+            job_id = data.draw(st.sampled_from(
+                sorted(i for i, m in self.model.items() if m.status == "running")))
+            observer.execute(sql.SQL(
+                "UPDATE {} SET locked_until = now() - interval '1 second' WHERE id = %s"
+            ).format(table), [job_id])
+            self.model[job_id].expired = True
+
+        @precondition(lambda self: any(m.status == "running" for m in self.model.values()))
+        @rule(data=st.data(), worker=st.integers(0, WORKERS - 1), batch=st.integers(1, 4))
+        def another_worker_takes_over(self, data: st.DataObject, worker: int,
+                                      batch: int) -> None:
+            """The interleaving the fence exists for: a lease runs out, the reaper puts the
+            job back, another worker claims it while the first still holds it."""
+            self.time_passes(data)
+            self.reap(worker)
+            self.claim(worker, batch)
+
+        @rule(worker=st.integers(0, WORKERS - 1))
+        def reap(self, worker: int) -> None:
+            expected = {i for i, m in self.model.items() if m.status == "running" and m.expired}
+            rows = queries[worker].reap_expired(["q"])
+            assert {r[0] for r in rows} == expected
+            for job_id, status, attempts in rows:
+                m = self.model[job_id]
+                m.status = "failed" if m.attempts >= m.max_attempts else "queued"
+                assert (status, attempts) == (m.status, m.attempts)
+
+        @rule(worker=st.integers(0, WORKERS - 1))
+        def archive(self, worker: int) -> None:
+            done = {i for i, m in self.model.items() if m.status == "done"}
+            assert queries[worker].archive_batch("done", 0.0, 1000, move=False) == len(done)
+            assert queries[worker].archive_batch("failed", 86400.0, 1000, move=False) == 0
+            for i in done:
+                del self.model[i]
+
+        @invariant()
+        def table_matches_model(self) -> None:
+            rows = {r[0]: r for r in observer.execute(sql.SQL(
+                "SELECT id, status, attempts, max_attempts, locked_until IS NOT NULL, "
+                "locked_until < now(), run_at <= now(), finished_at IS NOT NULL FROM {}"
+            ).format(table))}
+            # Nothing disappears except done rows by archival (removed from the model).
+            assert set(rows) == set(self.model)
+            for job_id, (_i, status, attempts, max_attempts, leased, expired, due,
+                         finished) in rows.items():
+                m = self.model[job_id]
+                assert (status, attempts) == (m.status, m.attempts), job_id
+                if status == "running":
+                    assert leased and not finished and attempts <= max_attempts
+                    assert expired == m.expired
+                elif status == "queued":
+                    assert not leased and not finished and attempts < max_attempts
+                    assert due == m.due
+                else:  # done or failed: never also running, no lease
+                    assert not leased and finished
+
+    return QueueMachine
+
+
+@pytest.mark.slow
+def test_random_interleavings_keep_the_invariants(
+    migrated: Settings, conn: psycopg.Connection[Any], pg_url: str
+) -> None:
+    conns = [psycopg.connect(pg_url, autocommit=True) for _ in range(WORKERS)]
+    try:
+        machine = _machine(conns, conn, migrated.schema_name)
+        started = time.monotonic()
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=60, stateful_step_count=50, deadline=None, database=None,
+            suppress_health_check=list(HealthCheck)))
+        print(f"\nhypothesis: 60 examples x up to 50 steps in "
+              f"{time.monotonic() - started:.1f}s")
+    finally:
+        for c in conns:
+            c.close()

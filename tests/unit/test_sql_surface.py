@@ -1,0 +1,44 @@
+"""The SQL surface: one file, every named statement, identifiers never pasted."""
+
+from __future__ import annotations
+
+from drainer.db import QUERIES
+
+LIFECYCLE = {
+    "claim_batch", "complete", "complete_many", "fail_many", "extend_many", "release_many",
+    "reap_expired", "archive_delete", "archive_move", "queue_summary", "status_counts",
+    "enqueue",
+}
+
+
+def test_every_lifecycle_statement_is_named() -> None:
+    assert set(QUERIES) >= LIFECYCLE
+
+
+def test_claim_uses_skip_locked_cte_and_lease() -> None:
+    claim = QUERIES["claim_batch"]
+    assert "FOR UPDATE SKIP LOCKED" in claim
+    assert claim.lstrip().startswith("WITH next AS")
+    assert "locked_until = now() + make_interval" in claim
+    assert "{jobs}" in claim
+
+
+def test_fenced_statements_check_status_and_attempts() -> None:
+    for name in ("complete", "complete_many", "fail_many", "extend_many", "release_many",
+                 "delete_completed_many"):
+        text = QUERIES[name]
+        assert "status = 'running'" in text, name
+        assert "attempts = " in text, name
+
+
+def test_no_table_name_is_pasted() -> None:
+    for name, text in QUERIES.items():
+        assert "drainer.jobs" not in text and '"jobs"' not in text, name
+
+
+def test_package_exports_the_functions() -> None:
+    import drainer
+    import drainer.producer  # importing the module must not shadow the function
+
+    assert callable(drainer.enqueue) and callable(drainer.enqueue_many)
+    assert callable(drainer.run_once) and callable(drainer.task)
