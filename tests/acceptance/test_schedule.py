@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from drainer.enqueue import enqueue
 from drainer.migrate import migrate
+from drainer.producer import enqueue
 from tests.conftest import cli_env, run_cli
 
 UNREACHABLE = "postgresql://nobody:secret@127.0.0.1:1/nothing"

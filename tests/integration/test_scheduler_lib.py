@@ -10,7 +10,7 @@ import psycopg
 
 from drainer import Job, enqueue_many
 from drainer.drain import RunReport
-from drainer.enqueue import JobSpec
+from drainer.producer import JobSpec
 from drainer.registry import Registry
 from drainer.scheduler import WakeSchedule, run_schedule
 from drainer.settings import Settings
