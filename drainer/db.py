@@ -202,6 +202,25 @@ class Queries:
         cur = self._exec(name, {"ids": list(ids), "attempts": list(attempts)})
         return {r[0] for r in cur.fetchall()}
 
+    def complete_many_and_claim(
+        self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
+        lease: float,
+    ) -> tuple[set[int], list[ClaimedRow]]:
+        """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
+        cur = self._exec("complete_many_and_claim", {
+            "ids": list(ids), "attempts": list(attempts), "queue": queue,
+            "batch_size": batch_size, "lease": lease,
+        })
+        written: set[int] = set()
+        rows: list[ClaimedRow] = []
+        for r in cur.fetchall():
+            if r[0] == "done":
+                written.add(r[1])
+            else:
+                rows.append(ClaimedRow(*r[1:]))
+        rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+        return written, rows
+
     def fail_many(
         self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
         max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,

@@ -232,14 +232,15 @@ class _Drain:
         return False
 
     # -- claiming ---------------------------------------------------------------------------------
-    def claim_round(self, start: int) -> tuple[list[tuple[Task, db.ClaimedRow]], int, bool]:
-        """Claim from the queues in turn, starting at ``start``.
+    def claim_round(self, start: int, tries: int | None = None
+                    ) -> tuple[list[tuple[Task, db.ClaimedRow]], int, bool]:
+        """Claim from the queues in turn, starting at ``start`` (``tries`` queues at most).
 
         Returns the claimed rows, where the next round starts, and whether anything was
         claimed (transaction-mode batches are run and recorded right here).
         """
         n = len(self.queues)
-        for i in range(n):
+        for i in range(n if tries is None else tries):
             idx = (start + i) % n
             queue = self.queues[idx]
             task = self.registry.tasks[queue]
@@ -259,6 +260,41 @@ class _Drain:
                 nxt = idx if len(rows) == size else (idx + 1) % n
                 return [(task, r) for r in rows], nxt, True
         return [], start, False
+
+    def can_flush_and_claim(self, start: int) -> bool:
+        """Whether the next claim (of queue ``start``) can go with the completions."""
+        return (bool(self.ok_buf) and not self.settings.delete_on_complete
+                and not self.registry.tasks[self.queues[start]].transaction)
+
+    def flush_and_claim(self, start: int) -> tuple[list[tuple[Task, db.ClaimedRow]], int, bool]:
+        """Write the buffered outcomes and claim the next batch, successes and the claim in
+        one statement (one round trip and one commit a batch); see :meth:`claim_round`."""
+        if self.fail_buf:
+            self._write_failed()
+        n = len(self.queues)
+        queue = self.queues[start]
+        task = self.registry.tasks[queue]
+        size = self.settings.batch_size
+        if self.settings.max_jobs is not None:
+            size = min(size, self.settings.max_jobs - self.report.claimed)
+        if size <= 0:
+            self.flush()
+            return [], start, False
+        buf, self.ok_buf = self.ok_buf, []
+        written, rows = self.q.complete_many_and_claim(
+            [o.job.id for o in buf], [o.job.attempt for o in buf], queue, size,
+            self._lease(task))
+        self.report.succeeded += len(written)
+        self._count_lost(buf, written)
+        if self.progress is not None:
+            self.progress(self.report)
+        if rows:
+            self.report.claimed += len(rows)
+            nxt = start if len(rows) == size else (start + 1) % n
+            return [(task, r) for r in rows], nxt, True
+        if n == 1:
+            return [], start, False
+        return self.claim_round((start + 1) % n, n - 1)
 
     def make_job(self, task: Task, row: db.ClaimedRow) -> _Running:
         lease = self._lease(task)
@@ -356,6 +392,12 @@ class _Drain:
             self.report.succeeded += len(written)
             self._count_lost(buf, written)
         if self.fail_buf:
+            self._write_failed()
+        if self.progress is not None:
+            self.progress(self.report)
+
+    def _write_failed(self) -> None:
+        if self.fail_buf:
             buf, self.fail_buf = self.fail_buf, []
             rows = self.q.fail_many(
                 [o.job.id for o in buf], [o.job.attempt for o in buf],
@@ -368,8 +410,6 @@ class _Drain:
                 else:
                     self.report.retried += 1
             self._count_lost(buf, {r[0] for r in rows})
-        if self.progress is not None:
-            self.progress(self.report)
 
     def _count_lost(self, buf: list[_Outcome], written: set[int]) -> None:
         for o in buf:
@@ -426,6 +466,13 @@ class _Drain:
                 self.collect(0.05 if busy and (not pending or busy >= concurrency) else 0)
                 buffered = len(self.ok_buf) + len(self.fail_buf)
                 if buffered and (not pending or buffered >= self.settings.batch_size):
+                    if (not pending and not exhausted and not self.in_flight()
+                            and self.can_flush_and_claim(cursor) and not self.limit_reached()):
+                        # the batch is finished and the next claim is due: one round trip
+                        claimed, cursor, progressed = self.flush_and_claim(cursor)
+                        pending.extend(self.make_job(t, r) for t, r in claimed)
+                        exhausted = not progressed
+                        continue
                     self.flush()
                 if pending or self.in_flight():
                     if (self.stop.is_set() or (limited and not pending)) and self.in_flight():
