@@ -13,6 +13,8 @@ SELECT max(version) AS version FROM {migrations} WHERE table_name = %(table)s;
 -- Claim up to batch_size due jobs of one queue, in priority then run_at order, and write
 -- their lease. Committed at once (lease mode). An index scan on the claim index under
 -- LockRows and Limit: it touches only due queued rows and stops after the batch.
+-- `id = ANY(ARRAY(...))` keeps the UPDATE on the primary key in the generic plan too, whose
+-- unknown LIMIT would otherwise turn the join into a hash join over a Seq Scan of the table.
 WITH next AS (
   SELECT id FROM {jobs}
   WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
@@ -24,8 +26,7 @@ UPDATE {jobs} j
 SET status       = 'running',
     attempts     = j.attempts + 1,
     locked_until = now() + make_interval(secs => %(lease)s)
-FROM next
-WHERE j.id = next.id
+WHERE j.id = ANY (ARRAY(SELECT id FROM next))
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
           j.locked_until;
 
@@ -65,8 +66,7 @@ WITH done AS (
   SET status       = 'running',
       attempts     = j.attempts + 1,
       locked_until = now() + make_interval(secs => %(lease)s)
-  FROM next
-  WHERE j.id = next.id
+  WHERE j.id = ANY (ARRAY(SELECT id FROM next))
   RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
             j.locked_until
 )
