@@ -266,6 +266,23 @@ class Queries:
         assert row is not None
         return int(row[0]), row[1]
 
+    def finish_run(self, queues: Sequence[str], archive_after: float, failed_retention: float,
+                   batch_size: int) -> dict[str, Any]:
+        """One archive_delete batch of each status, table_health and queue_summary at once.
+
+        Keys: archived_done, archived_failed, the table_health keys, remaining_due,
+        next_due_at.
+        """
+        cur = self.conn.cursor(row_factory=dict_row)
+        cur.execute(self._sql["finish_run"], {
+            "queues": list(queues), "archive_after": archive_after,
+            "failed_retention": failed_retention, "batch_size": batch_size,
+            "regclass": self.regclass,
+        })
+        row = cur.fetchone()
+        assert row is not None
+        return dict(row)
+
     def table_health(self) -> dict[str, Any]:
         cur = self.conn.cursor(row_factory=dict_row)
         cur.execute(self._sql["table_health"], {"regclass": self.regclass})

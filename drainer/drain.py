@@ -605,14 +605,26 @@ def run_once(
             check_schema(drain.q)
             report.reaped = reaper.run_once(drain.q, queues).reaped
             drain.run()
-            if not stop.is_set():
-                report.archived = archiver.run_once(
-                    drain.q, settings, deadline=None).archived
-                vac = vacuum.run_once(drain.q, settings.vacuum_threshold)
+            if not stop.is_set() and settings.archive_mode == "delete":
+                # archive, table health and what is left in one statement
+                fin = drain.q.finish_run(queues, settings.archive_after,
+                                         settings.failed_retention, settings.archive_batch_size)
+                report.archived = archiver.run_once_after(
+                    drain.q, settings, fin["archived_done"], fin["archived_failed"]).archived
+                vac = vacuum.run_once(drain.q, settings.vacuum_threshold, health=fin)
                 report.vacuumed = vac.vacuumed
                 report.n_dead_tup = vac.n_dead_tup
                 report.last_autovacuum = _iso(vac.last_autovacuum)
-            report.remaining_due, next_due = drain.q.queue_summary(queues)
+                report.remaining_due, next_due = int(fin["remaining_due"]), fin["next_due_at"]
+            else:
+                if not stop.is_set():
+                    report.archived = archiver.run_once(
+                        drain.q, settings, deadline=None).archived
+                    vac = vacuum.run_once(drain.q, settings.vacuum_threshold)
+                    report.vacuumed = vac.vacuumed
+                    report.n_dead_tup = vac.n_dead_tup
+                    report.last_autovacuum = _iso(vac.last_autovacuum)
+                report.remaining_due, next_due = drain.q.queue_summary(queues)
             report.next_due_at = _iso(next_due)
         finally:
             conn.close()

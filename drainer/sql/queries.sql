@@ -173,6 +173,41 @@ FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = %(regclass)s::regclass;
 
+-- name: finish_run
+-- The end of a drain in one statement (archive-mode delete): one archive_delete batch of
+-- done and one of failed jobs, table_health and queue_summary. The archiver goes on with
+-- archive_delete when a batch came back full.
+WITH done_gone AS (
+  DELETE FROM {jobs} j
+  USING (SELECT id FROM {jobs}
+         WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(archive_after)s)
+         LIMIT %(batch_size)s) d
+  WHERE j.id = d.id
+  RETURNING 1
+), failed_gone AS (
+  DELETE FROM {jobs} j
+  USING (SELECT id FROM {jobs}
+         WHERE status = 'failed'
+           AND finished_at < now() - make_interval(secs => %(failed_retention)s)
+         LIMIT %(batch_size)s) f
+  WHERE j.id = f.id
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM done_gone) AS archived_done,
+       (SELECT count(*) FROM failed_gone) AS archived_failed,
+       s.n_dead_tup, s.n_live_tup, s.last_autovacuum, s.last_vacuum,
+       pg_has_role(current_user, c.relowner, 'USAGE') AS can_vacuum,
+       q.remaining_due, q.next_due_at
+FROM pg_class c
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+CROSS JOIN (
+  SELECT count(*) FILTER (WHERE run_at <= now()) AS remaining_due,
+         min(run_at) FILTER (WHERE run_at > now()) AS next_due_at
+  FROM {jobs}
+  WHERE status = 'queued' AND queue = ANY(%(queues)s)
+) q
+WHERE c.oid = %(regclass)s::regclass;
+
 -- name: enqueue
 -- One job. ON CONFLICT skips a job whose dedup_key is already queued or running.
 INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
