@@ -221,6 +221,10 @@ RETURNING id;
 -- Bulk enqueue without dedup keys: COPY straight into the table.
 COPY {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key) FROM STDIN;
 
+-- name: enqueue_copy_now
+-- Bulk enqueue of jobs due now without dedup keys: run_at takes its default, now().
+COPY {jobs} (queue, payload, priority, max_attempts) FROM STDIN;
+
 -- name: enqueue_stage
 -- Bulk enqueue with dedup keys, step 1: a staging table that goes with the transaction.
 CREATE TEMP TABLE drainer_enqueue_stage (
