@@ -283,6 +283,9 @@ class Queries:
         assert row is not None
         return dict(row)
 
+    def vacuum_during_drain(self) -> None:
+        self._exec("vacuum_during_drain")
+
     def table_health(self) -> dict[str, Any]:
         cur = self.conn.cursor(row_factory=dict_row)
         cur.execute(self._sql["table_health"], {"regclass": self.regclass})

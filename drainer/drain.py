@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from psycopg.pq import TransactionStatus
+
 from drainer import db
 from drainer.maintenance import archiver, reaper, vacuum
 from drainer.migrate import check_schema
@@ -207,6 +209,8 @@ class _Drain:
         leases = [self._lease(registry.tasks[q]) for q in queues]
         self.heartbeat = _Heartbeat(self, max(0.05, min(leases) * HEARTBEAT_FRACTION))
         self.progress: Callable[[RunReport], None] | None = None
+        self.vacuumed_at = 0  # finished jobs at the last VACUUM during this drain
+        self.may_vacuum: bool | None = None  # unknown until the first one is due
 
     # -- options ----------------------------------------------------------------------------------
     def _lease(self, task: Task) -> float:
@@ -295,6 +299,37 @@ class _Drain:
         if n == 1:
             return [], start, False
         return self.claim_round((start + 1) % n, n - 1)
+
+    # -- vacuum during long drains ----------------------------------------------------------------
+    def vacuum_due(self) -> bool:
+        every = self.settings.vacuum_every
+        if not every or self.may_vacuum is False:
+            return False
+        r = self.report
+        return r.succeeded + r.retried + r.failed - self.vacuumed_at >= every
+
+    def vacuum_between_batches(self) -> None:
+        """VACUUM between batches (no transaction open): claimed jobs leave dead entries at the
+        head of the claim index, which every later claim walks until a VACUUM clears them
+        (measured: the last 10% of a 200,000-job drain ran at half the rate of the first)."""
+        r = self.report
+        self.vacuumed_at = r.succeeded + r.retried + r.failed
+        if self.may_vacuum is None:
+            self.may_vacuum = bool(self.q.table_health().get("can_vacuum"))
+            if not self.may_vacuum:
+                logger.info("not vacuuming during the drain: drainer's role does not own the "
+                            "jobs table")
+                return
+        started = time.monotonic()
+        try:
+            self.q.vacuum_during_drain()
+        except Exception as exc:  # a maintenance nicety: never fail the drain for it
+            self.may_vacuum = False
+            logger.warning("VACUUM during the drain failed, not trying again this run: %s",
+                           db._one_line(exc))
+            return
+        logger.debug("vacuumed the jobs table after %d finished jobs in %.3fs",
+                     self.vacuumed_at, time.monotonic() - started)
 
     def make_job(self, task: Task, row: db.ClaimedRow) -> _Running:
         lease = self._lease(task)
@@ -466,14 +501,18 @@ class _Drain:
                 self.collect(0.05 if busy and (not pending or busy >= concurrency) else 0)
                 buffered = len(self.ok_buf) + len(self.fail_buf)
                 if buffered and (not pending or buffered >= self.settings.batch_size):
-                    if (not pending and not exhausted and not self.in_flight()
-                            and self.can_flush_and_claim(cursor) and not self.limit_reached()):
+                    idle = not pending and not self.in_flight()
+                    if (idle and not exhausted and self.can_flush_and_claim(cursor)
+                            and not self.vacuum_due() and not self.limit_reached()):
                         # the batch is finished and the next claim is due: one round trip
                         claimed, cursor, progressed = self.flush_and_claim(cursor)
                         pending.extend(self.make_job(t, r) for t, r in claimed)
                         exhausted = not progressed
                         continue
                     self.flush()
+                    if idle and not exhausted and self.vacuum_due() and \
+                            self.conn.info.transaction_status == TransactionStatus.IDLE:
+                        self.vacuum_between_batches()
                 if pending or self.in_flight():
                     if (self.stop.is_set() or (limited and not pending)) and self.in_flight():
                         self.release(pending)

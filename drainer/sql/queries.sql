@@ -208,6 +208,12 @@ CROSS JOIN (
 ) q
 WHERE c.oid = %(regclass)s::regclass;
 
+-- name: vacuum_during_drain
+-- A plain VACUUM between batches of a long drain: it clears the dead entries that claimed
+-- jobs leave at the head of the claim index (each claim walks them until a VACUUM).
+-- SKIP_LOCKED: if autovacuum or another drainer is vacuuming, do not wait for it.
+VACUUM (SKIP_LOCKED) {jobs};
+
 -- name: enqueue
 -- One job. ON CONFLICT skips a job whose dedup_key is already queued or running.
 INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)

@@ -91,3 +91,27 @@ def test_archive_mode_move_keeps_the_separate_statements(pg_url: str, migrated: 
     assert moved == (5,)
 
 
+
+
+def _vacuum_count(conn: psycopg.Connection[Any], schema: str) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute("SELECT vacuum_count FROM pg_stat_user_tables WHERE schemaname = %s "
+                       "AND relname = 'jobs'", [schema]).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.parametrize(("every", "expected"), [(0, 0), (60, 2)])
+def test_long_drains_vacuum_between_batches(pg_url: str, migrated: Settings,
+                                            conn: psycopg.Connection[Any], registry: Registry,
+                                            every: int, expected: int) -> None:
+    registry.task("v")(lambda job: None)
+    table = sql.Identifier(migrated.schema_name, "jobs")
+    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'v' FROM generate_series(1, 200)")
+                 .format(table))
+    before = _vacuum_count(conn, migrated.schema_name)
+    settings = make_settings(pg_url, migrated.schema_name, vacuum_every=every,
+                             vacuum_threshold=0)
+    report = run_once(settings, registry=registry)
+    assert report.succeeded == 200 and report.lost == 0
+    # due once 60 jobs are written, done after the next flush: at 70 and 140 finished jobs
+    assert _vacuum_count(conn, migrated.schema_name) - before == expected
