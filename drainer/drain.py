@@ -361,7 +361,9 @@ class _Drain:
                                  name=f"drainer-job-{r.job.id}")
             t.start()
         elif self.settings.concurrency == 1 and not _loop_running():
-            self.done_q.put(_call(r.task, r.job))
+            # sequential: settle at once, so the rest of the batch runs without a trip
+            # through the loop (and the outcome queue) per job
+            self._settle(_call(r.task, r.job))
         else:
             if self.pool is None:
                 self.pool = ThreadPoolExecutor(self.settings.concurrency,
@@ -415,8 +417,9 @@ class _Drain:
                                "duration_s": round(time.monotonic() - r.started, 6)})
 
     def in_flight(self) -> int:
-        with self.lock:
-            return sum(1 for r in self.running.values() if not r.done)
+        # _settle marks a job done and removes it under the lock, so every job left in
+        # `running` is still in flight
+        return len(self.running)
 
     def flush(self) -> None:
         """Write buffered outcomes, fenced, one statement per kind."""
@@ -495,7 +498,7 @@ class _Drain:
                     exhausted = not progressed
                 if self.stop.is_set():
                     self.release(pending)
-                while pending and self.in_flight() < concurrency:
+                while pending and self.in_flight() < concurrency and not self.stop.is_set():
                     self.start(pending.popleft())
                 busy = self.in_flight()
                 self.collect(0.05 if busy and (not pending or busy >= concurrency) else 0)
