@@ -140,7 +140,7 @@ def section_multi(ctx: Ctx) -> list[str]:
 
     db = ctx.db
     contenders: list[Contender] = [
-        Drainer("drainer, 1 queue", db, "b_drainer"),
+        Drainer("drainer, 1 queue", db, "b_multi1"),
         Drainer("drainer, 5 queues with handlers", db, "b_multi", queues=QUEUES,
                 app="bench.multi_app"),
     ]
@@ -323,7 +323,7 @@ def section_history(ctx: Ctx) -> list[str]:
             return _report_ok(timed, n) or (None if done == n else f"{done} of {n} done")
 
     contenders: list[Contender] = [
-        Drainer("drainer, no history", db, "b_drainer"),
+        Drainer("drainer, no history", db, "b_nohistory"),
         WithHistory(f"drainer, {h:,} done rows of history", db, "b_history"),
     ]
     series = race(contenders, ctx.n, ctx.repeat)
@@ -347,8 +347,9 @@ def section_batch(ctx: Ctx) -> list[str]:
     if not HAVE_PGBENCH:
         return ["### Batch size curve: skipped, pgbench not found"]
     for b in sizes:
-        contenders.append(Pgbench(f"pgbench 1 client, batch {b}", db, "b_pgbench1", batch=b))
-        contenders.append(Drainer(f"drainer, batch {b}", db, "b_drainer",
+        contenders.append(Pgbench(f"pgbench 1 client, batch {b}", db, "b_batch_pgbench",
+                                  batch=b))
+        contenders.append(Drainer(f"drainer, batch {b}", db, "b_batch_drainer",
                                   flags=["--batch-size", str(b)]))
     n = ctx.batch_n
     series = race(contenders, n, ctx.repeat)

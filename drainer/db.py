@@ -212,6 +212,25 @@ class Queries:
         cur = self._exec(name, {"ids": list(ids), "attempts": list(attempts)})
         return {r[0] for r in cur.fetchall()}
 
+    def complete_many_and_claim(
+        self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
+        lease: float,
+    ) -> tuple[set[int], list[ClaimedRow]]:
+        """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
+        cur = self._exec("complete_many_and_claim", {
+            "ids": list(ids), "attempts": list(attempts), "queue": queue,
+            "batch_size": batch_size, "lease": lease,
+        })
+        written: set[int] = set()
+        rows: list[ClaimedRow] = []
+        for r in cur.fetchall():
+            if r[0] == "done":
+                written.add(r[1])
+            else:
+                rows.append(ClaimedRow(*r[1:]))
+        rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+        return written, rows
+
     def fail_many(
         self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
         max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,
@@ -256,6 +275,26 @@ class Queries:
         row = self._exec("queue_summary", {"queues": list(queues)}).fetchone()
         assert row is not None
         return int(row[0]), row[1]
+
+    def finish_run(self, queues: Sequence[str], archive_after: float, failed_retention: float,
+                   batch_size: int) -> dict[str, Any]:
+        """One archive_delete batch of each status, table_health and queue_summary at once.
+
+        Keys: archived_done, archived_failed, the table_health keys, remaining_due,
+        next_due_at.
+        """
+        cur = self.conn.cursor(row_factory=dict_row)
+        cur.execute(self._sql["finish_run"], {
+            "queues": list(queues), "archive_after": archive_after,
+            "failed_retention": failed_retention, "batch_size": batch_size,
+            "regclass": self.regclass,
+        })
+        row = cur.fetchone()
+        assert row is not None
+        return dict(row)
+
+    def vacuum_during_drain(self) -> None:
+        self._exec("vacuum_during_drain")
 
     def table_health(self) -> dict[str, Any]:
         cur = self.conn.cursor(row_factory=dict_row)

@@ -89,11 +89,23 @@ def enqueue_many(
     batch is staged in a temporary table (dropped at commit) and inserted with
     ON CONFLICT DO NOTHING, so duplicates are skipped and counted.
     """
-    specs = [_spec(j) for j in jobs]
-    for s in specs:
-        _check(s.queue, s.max_attempts)
+    specs = [j if type(j) is JobSpec else _spec(j) for j in jobs]
+    bad = next((s for s in specs if not s.queue or s.max_attempts < 1), None)
+    if bad is not None:
+        _check(bad.queue, bad.max_attempts)  # raises the ValueError that names the problem
     if not specs:
         return EnqueueResult(0, 0)
+    if all(s.dedup_key is None and s.run_at is None for s in specs):
+        # The common bulk case: run_at is left out of the COPY, so the column default
+        # (now(), the transaction's start, as SELECT now() would give) fills it, and
+        # dedup_key stays NULL: four columns a row instead of six, no extra round trip.
+        with conn.transaction(), conn.cursor().copy(
+                _q("enqueue_copy_now", schema, table)) as copy:
+            copy.set_types(["text", "jsonb", "int4", "int4"])
+            write = copy.write_row
+            for s in specs:
+                write((s.queue, Jsonb(s.payload), s.priority, s.max_attempts))
+        return EnqueueResult(len(specs), 0)
     rows = [
         (s.queue, Jsonb(s.payload), s.run_at, s.priority, s.max_attempts, s.dedup_key)
         for s in specs

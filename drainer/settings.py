@@ -25,6 +25,7 @@ DEFAULT_ARCHIVE_AFTER_S = 7 * 86400.0
 DEFAULT_FAILED_RETENTION_S = 30 * 86400.0
 DEFAULT_ARCHIVE_BATCH = 10_000
 DEFAULT_VACUUM_THRESHOLD = 1_000
+DEFAULT_VACUUM_EVERY = 20_000
 DEFAULT_RETRY_BASE_S = 10.0
 DEFAULT_RETRY_CAP_S = 3600.0
 DEFAULT_MAX_ATTEMPTS = 5
@@ -226,6 +227,14 @@ class Settings(BaseSettings):
         DEFAULT_VACUUM_THRESHOLD,
         "VACUUM (ANALYZE) the table at the end of a run when n_dead_tup is at least this "
         "(0 = never).",
+        "run",
+        ge=0,
+    )
+    vacuum_every: int = _opt(
+        DEFAULT_VACUUM_EVERY,
+        "During a long drain, VACUUM the table (SKIP_LOCKED) after every this many finished "
+        "jobs, so dead entries at the head of the claim index do not slow each claim down "
+        "(0 = never; needs table ownership, like the end-of-run VACUUM).",
         "run",
         ge=0,
     )

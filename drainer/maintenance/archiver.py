@@ -46,8 +46,24 @@ def run_once(queries: Queries, settings: Settings, *, deadline: float | None = N
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 break
-    total = counts["done"] + counts["failed"]
-    if total:
-        logger.info("archived %d jobs (%s): %d done, %d failed", total,
-                    "moved" if move else "deleted", counts["done"], counts["failed"])
-    return ArchiveResult(total, counts["done"], counts["failed"], statements)
+    return _logged(ArchiveResult(counts["done"] + counts["failed"], counts["done"],
+                                 counts["failed"], statements), move)
+
+
+def run_once_after(queries: Queries, settings: Settings, done: int, failed: int,
+                   *, deadline: float | None = None) -> ArchiveResult:
+    """The archiver after finish_run deleted a first batch of ``done`` and ``failed`` jobs:
+    goes on only when a batch came back full (archive-mode delete)."""
+    first = ArchiveResult(done + failed, done, failed, 1)
+    if max(done, failed) < settings.archive_batch_size:
+        return _logged(first, False)
+    more = run_once(queries, settings, deadline=deadline)
+    return ArchiveResult(first.archived + more.archived, done + more.done,
+                         failed + more.failed, 1 + more.statements)
+
+
+def _logged(result: ArchiveResult, move: bool) -> ArchiveResult:
+    if result.archived:
+        logger.info("archived %d jobs (%s): %d done, %d failed", result.archived,
+                    "moved" if move else "deleted", result.done, result.failed)
+    return result

@@ -4,8 +4,10 @@ compute that suspends."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from psycopg import sql
 
@@ -22,13 +24,16 @@ class VacuumResult:
     skipped_reason: str | None = None
 
 
-def run_once(queries: Queries, threshold: int) -> VacuumResult:
+def run_once(queries: Queries, threshold: int, health: Mapping[str, Any] | None = None
+             ) -> VacuumResult:
     """VACUUM (ANALYZE) the table when n_dead_tup >= threshold (0 disables).
 
+    ``health`` is a table_health row already read (by finish_run), else it is read here.
     Only the table's owner may vacuum it (PostgreSQL 17 adds the MAINTAIN privilege); a
     role without that right gets a warning and the run goes on.
     """
-    health = queries.table_health()
+    if health is None:
+        health = queries.table_health()
     dead = health.get("n_dead_tup")
     last_auto = health.get("last_autovacuum")
     if threshold <= 0 or dead is None or dead < threshold:

@@ -13,6 +13,8 @@ SELECT max(version) AS version FROM {migrations} WHERE table_name = %(table)s;
 -- Claim up to batch_size due jobs of one queue, in priority then run_at order, and write
 -- their lease. Committed at once (lease mode). An index scan on the claim index under
 -- LockRows and Limit: it touches only due queued rows and stops after the batch.
+-- `id = ANY(ARRAY(...))` keeps the UPDATE on the primary key in the generic plan too, whose
+-- unknown LIMIT would otherwise turn the join into a hash join over a Seq Scan of the table.
 WITH next AS (
   SELECT id FROM {jobs}
   WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
@@ -24,8 +26,7 @@ UPDATE {jobs} j
 SET status       = 'running',
     attempts     = j.attempts + 1,
     locked_until = now() + make_interval(secs => %(lease)s)
-FROM next
-WHERE j.id = next.id
+WHERE j.id = ANY (ARRAY(SELECT id FROM next))
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
           j.locked_until;
 
@@ -42,6 +43,38 @@ SET status = 'done', locked_until = NULL, finished_at = now()
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempts)
 WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
 RETURNING j.id;
+
+-- name: complete_many_and_claim
+-- complete_many and the next claim_batch in one statement: one round trip and one commit
+-- per batch instead of two. The jobs completed are 'running', so the claim (of 'queued'
+-- rows only) cannot touch them. Returns the completed ids (kind 'done') and the claimed rows
+-- (kind 'claimed'); the claim is the same index scan under LockRows and Limit as claim_batch.
+WITH done AS (
+  UPDATE {jobs} j
+  SET status = 'done', locked_until = NULL, finished_at = now()
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempts)
+  WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+  RETURNING j.id
+), next AS (
+  SELECT id FROM {jobs}
+  WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
+  ORDER BY priority DESC, run_at, id
+  LIMIT %(batch_size)s
+  FOR UPDATE SKIP LOCKED
+), claimed AS (
+  UPDATE {jobs} j
+  SET status       = 'running',
+      attempts     = j.attempts + 1,
+      locked_until = now() + make_interval(secs => %(lease)s)
+  WHERE j.id = ANY (ARRAY(SELECT id FROM next))
+  RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
+            j.locked_until
+)
+SELECT 'claimed' AS kind, id, queue, payload, attempts, max_attempts, priority, run_at,
+       locked_until
+FROM claimed
+UNION ALL
+SELECT 'done', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done;
 
 -- name: delete_completed_many
 -- Like complete_many, for delete-on-complete: the row goes, no history is kept.
@@ -144,6 +177,47 @@ FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = %(regclass)s::regclass;
 
+-- name: finish_run
+-- The end of a drain in one statement (archive-mode delete): one archive_delete batch of
+-- done and one of failed jobs, table_health and queue_summary. The archiver goes on with
+-- archive_delete when a batch came back full.
+WITH done_gone AS (
+  DELETE FROM {jobs} j
+  USING (SELECT id FROM {jobs}
+         WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(archive_after)s)
+         LIMIT %(batch_size)s) d
+  WHERE j.id = d.id
+  RETURNING 1
+), failed_gone AS (
+  DELETE FROM {jobs} j
+  USING (SELECT id FROM {jobs}
+         WHERE status = 'failed'
+           AND finished_at < now() - make_interval(secs => %(failed_retention)s)
+         LIMIT %(batch_size)s) f
+  WHERE j.id = f.id
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM done_gone) AS archived_done,
+       (SELECT count(*) FROM failed_gone) AS archived_failed,
+       s.n_dead_tup, s.n_live_tup, s.last_autovacuum, s.last_vacuum,
+       pg_has_role(current_user, c.relowner, 'USAGE') AS can_vacuum,
+       q.remaining_due, q.next_due_at
+FROM pg_class c
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+CROSS JOIN (
+  SELECT count(*) FILTER (WHERE run_at <= now()) AS remaining_due,
+         min(run_at) FILTER (WHERE run_at > now()) AS next_due_at
+  FROM {jobs}
+  WHERE status = 'queued' AND queue = ANY(%(queues)s)
+) q
+WHERE c.oid = %(regclass)s::regclass;
+
+-- name: vacuum_during_drain
+-- A plain VACUUM between batches of a long drain: it clears the dead entries that claimed
+-- jobs leave at the head of the claim index (each claim walks them until a VACUUM).
+-- SKIP_LOCKED: if autovacuum or another drainer is vacuuming, do not wait for it.
+VACUUM (SKIP_LOCKED) {jobs};
+
 -- name: enqueue
 -- One job. ON CONFLICT skips a job whose dedup_key is already queued or running.
 INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
@@ -156,6 +230,10 @@ RETURNING id;
 -- name: enqueue_copy
 -- Bulk enqueue without dedup keys: COPY straight into the table.
 COPY {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key) FROM STDIN;
+
+-- name: enqueue_copy_now
+-- Bulk enqueue of jobs due now without dedup keys: run_at takes its default, now().
+COPY {jobs} (queue, payload, priority, max_attempts) FROM STDIN;
 
 -- name: enqueue_stage
 -- Bulk enqueue with dedup keys, step 1: a staging table that goes with the transaction.

@@ -1,54 +1,102 @@
-"""The claim is an index scan on the partial index under LockRows and Limit."""
+"""The claim stays an index scan on the claim index that stops after the batch, per queue.
+
+100,000 queued rows over 5 queues: a claim over ``queue = ANY(...)`` with an ORDER BY the
+index cannot deliver would sort every queued row; drainer claims one queue at a time, so
+every claim (custom and generic plan, alone or behind the batch completion) must be
+Limit > LockRows > Index Scan on the claim index, with no Sort and no Seq Scan.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from drainer.db import Queries
 from drainer.settings import Settings
 
-
-def _plan(conn: psycopg.Connection[Any], q: Queries, queue: str) -> str:
-    rows = conn.execute("EXPLAIN (COSTS OFF) " + q.text("claim_batch"),
-                        {"queue": queue, "batch_size": 10, "lease": 300.0}).fetchall()
-    return "\n".join(r[0] for r in rows)
+QUEUES = [f"q{i}" for i in range(5)]
+PARAMS = {"batch_size": 10, "lease": 300.0, "ids": [1, 2], "attempts": [1, 1]}
 
 
-def _fill(conn: psycopg.Connection[Any], schema: str, queued: int, done: int,
-          queues: int = 1) -> None:
-    jobs = sql.Identifier(schema, "jobs")
-    conn.execute(sql.SQL(
-        "INSERT INTO {} (queue, payload, status, finished_at) "
-        "SELECT 'q' || (g %% %s), '{{}}', 'done', now() FROM generate_series(1, %s) g"
-    ).format(jobs), [queues, done])
+@pytest.fixture
+def loaded(migrated: Settings, conn: psycopg.Connection[Any]) -> Settings:
+    table = sql.Identifier(migrated.schema_name, "jobs")
     conn.execute(sql.SQL(
         "INSERT INTO {} (queue, payload, priority, run_at) "
-        "SELECT 'q' || (g %% %s), '{{}}', g %% 3, now() - interval '1 minute' "
-        "FROM generate_series(1, %s) g"
-    ).format(jobs), [queues, queued])
-    conn.execute(sql.SQL("ANALYZE {}").format(jobs))
+        "SELECT (%s::text[])[1 + g %% 5], '{{}}', g %% 3, now() - (g %% 1000) * interval '1s' "
+        "FROM generate_series(1, 100000) g").format(table), [QUEUES])
+    conn.execute(sql.SQL(
+        "INSERT INTO {} (queue, payload, status, finished_at) "
+        "SELECT 'q0', '{{}}', 'done', now() FROM generate_series(1, 20000)").format(table))
+    conn.execute(sql.SQL("ANALYZE {}").format(table))
+    return migrated
 
 
-def _assert_index_scan(plan: str) -> None:
-    lines = [ln.strip() for ln in plan.splitlines()]
-    limit = next(i for i, ln in enumerate(lines) if ln.endswith("Limit"))
-    assert lines[limit + 1].endswith("LockRows"), plan
-    assert "Index Scan using jobs_claim_idx" in lines[limit + 2], plan
-    assert "Sort" not in plan and "Seq Scan" not in plan, plan
+def _nodes(plan: dict[str, Any], parents: tuple[str, ...] = ()
+           ) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
+    yield parents, plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child, (*parents, plan["Node Type"]))
 
 
-def test_claim_plan_single_queue(migrated: Settings, conn: psycopg.Connection[Any]) -> None:
-    _fill(conn, migrated.schema_name, queued=5_000, done=20_000, queues=1)
-    q = Queries(conn, migrated.schema_name, "jobs")
-    _assert_index_scan(_plan(conn, q, "q0"))
+def _assert_index_claim(plan: dict[str, Any], index: str, where: str) -> None:
+    nodes = list(_nodes(plan))
+    types = [n["Node Type"] for _p, n in nodes]
+    assert "Sort" not in types and "Incremental Sort" not in types, (where, types)
+    scans = [(p, n) for p, n in nodes if n.get("Index Name") == index]
+    assert scans, (where, types)
+    for parents, node in scans:
+        assert node["Node Type"] in ("Index Scan", "Index Only Scan"), (where, node)
+        assert parents[-2:] == ("Limit", "LockRows"), (where, parents)
+    assert not [n for _p, n in nodes if n["Node Type"] == "Seq Scan"
+                and n.get("Relation Name") == "jobs"], (where, types)
 
 
-def test_claim_plan_each_of_several_queues(migrated: Settings,
-                                           conn: psycopg.Connection[Any]) -> None:
-    _fill(conn, migrated.schema_name, queued=20_000, done=5_000, queues=5)
-    q = Queries(conn, migrated.schema_name, "jobs")
-    for i in range(5):
-        _assert_index_scan(_plan(conn, q, f"q{i}"))
+def _explain(conn: psycopg.Connection[Any], text: str, params: dict[str, Any]
+             ) -> dict[str, Any]:
+    row = conn.execute("EXPLAIN (FORMAT JSON) " + text, params).fetchone()
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]["Plan"]
+    return plan
+
+
+def _explain_generic(conn: psycopg.Connection[Any], text: str, names: list[str],
+                     types: list[str], values: dict[str, Any]) -> dict[str, Any]:
+    for i, name in enumerate(names, start=1):
+        text = text.replace(f"%({name})s", f"${i}")
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        conn.execute(f"PREPARE drainer_plan_test({', '.join(types)}) AS {text}")
+        args = ", ".join(sql.Literal(values[n]).as_string(conn) for n in names)
+        row = conn.execute(f"EXPLAIN (FORMAT JSON) EXECUTE drainer_plan_test({args})"
+                           ).fetchone()
+    finally:
+        conn.execute("DEALLOCATE ALL")
+        conn.execute("RESET plan_cache_mode")
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]["Plan"]
+    return plan
+
+
+@pytest.mark.parametrize("queue", QUEUES)
+def test_claim_is_an_index_scan_per_queue(loaded: Settings, conn: psycopg.Connection[Any],
+                                          queue: str) -> None:
+    q = Queries(conn, loaded.schema_name, loaded.table)
+    index = f"{loaded.table}_claim_idx"
+    values = {**PARAMS, "queue": queue}
+    _assert_index_claim(_explain(conn, q.text("claim_batch"), values), index, "claim custom")
+    _assert_index_claim(
+        _explain(conn, q.text("complete_many_and_claim"), values), index,
+        "complete+claim custom")
+    _assert_index_claim(_explain_generic(
+        conn, q.text("claim_batch"), ["queue", "batch_size", "lease"],
+        ["text", "int8", "float8"], values), index, "claim generic")
+    _assert_index_claim(_explain_generic(
+        conn, q.text("complete_many_and_claim"),
+        ["ids", "attempts", "queue", "batch_size", "lease"],
+        ["bigint[]", "int[]", "text", "int8", "float8"], values), index,
+        "complete+claim generic")

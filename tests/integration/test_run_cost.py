@@ -1,0 +1,117 @@
+"""What a drain costs the database: statements and connections, and the end-of-run work."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from drainer import db, run_once
+from drainer.registry import Registry
+from drainer.settings import Settings
+from tests.conftest import make_settings
+
+
+@pytest.fixture
+def traced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[Any, Path]]:
+    """Every connection drainer opens, with a libpq protocol trace of what it sent."""
+    opened: list[tuple[Any, Path]] = []
+    real = db.connect
+
+    def connect(settings: Settings, **kw: Any) -> psycopg.Connection[Any]:
+        conn = real(settings, **kw)
+        path = tmp_path / f"trace{len(opened)}.txt"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+        conn.pgconn.trace(fd)
+        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        opened.append((conn, path))
+        return conn
+
+    monkeypatch.setattr(db, "connect", connect)
+    return opened
+
+
+def _statements(path: Path) -> int:
+    # one ReadyForQuery from the server for each statement (autocommit, no pipeline)
+    return sum(1 for line in path.read_text().splitlines()
+               if line.startswith("B") and "ReadyForQuery" in line)
+
+
+def test_empty_queue_costs_four_statements_on_one_connection(
+        migrated: Settings, registry: Registry, traced: list[tuple[Any, Path]]) -> None:
+    registry.task("idle")(lambda job: None)
+    report = run_once(migrated, registry=registry)
+    assert report.claimed == 0 and report.remaining_due == 0
+    assert len(traced) == 1
+    conn, path = traced[0]
+    assert conn.closed
+    # schema check, reap, claim, finish_run (archive + table health + queue summary)
+    assert _statements(path) == 4
+
+
+def test_finish_run_archives_old_jobs_in_batches(pg_url: str, migrated: Settings,
+                                                 conn: psycopg.Connection[Any],
+                                                 registry: Registry) -> None:
+    registry.task("a")(lambda job: None)
+    table = sql.Identifier(migrated.schema_name, "jobs")
+    conn.execute(sql.SQL(
+        "INSERT INTO {} (queue, status, finished_at) "
+        "SELECT 'a', s, now() - a * interval '1 day' FROM (VALUES "
+        "('done', 8, 7), ('done', 1, 2), ('failed', 8, 3), ('failed', 40, 4)) "
+        "AS v(s, a, n), generate_series(1, n)").format(table))
+    conn.execute(sql.SQL("INSERT INTO {} (queue, run_at) VALUES ('a', now() + interval '1h')")
+                 .format(table))
+    settings = make_settings(pg_url, migrated.schema_name, archive_batch_size=3)
+    report = run_once(settings, registry=registry)
+    # done older than 7 days (7 rows, 3 a batch) and failed older than 30 days (4 rows)
+    assert report.archived == 11
+    left = conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY 1 ORDER BY 1")
+                        .format(table)).fetchall()
+    assert left == [("done", 2), ("failed", 3), ("queued", 1)]
+    assert report.remaining_due == 0 and report.next_due_at is not None
+
+
+def test_archive_mode_move_keeps_the_separate_statements(pg_url: str, migrated: Settings,
+                                                        conn: psycopg.Connection[Any],
+                                                        registry: Registry) -> None:
+    registry.task("a")(lambda job: None)
+    table = sql.Identifier(migrated.schema_name, "jobs")
+    conn.execute(sql.SQL("INSERT INTO {} (queue, status, finished_at) "
+                         "SELECT 'a', 'done', now() - interval '9 days' "
+                         "FROM generate_series(1, 5)").format(table))
+    settings = make_settings(pg_url, migrated.schema_name, archive_mode="move")
+    report = run_once(settings, registry=registry)
+    assert report.archived == 5
+    moved = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+        sql.Identifier(migrated.schema_name, "jobs_archive"))).fetchone()
+    assert moved == (5,)
+
+
+
+
+def _vacuum_count(conn: psycopg.Connection[Any], schema: str) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute("SELECT vacuum_count FROM pg_stat_user_tables WHERE schemaname = %s "
+                       "AND relname = 'jobs'", [schema]).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.parametrize(("every", "expected"), [(0, 0), (60, 2)])
+def test_long_drains_vacuum_between_batches(pg_url: str, migrated: Settings,
+                                            conn: psycopg.Connection[Any], registry: Registry,
+                                            every: int, expected: int) -> None:
+    registry.task("v")(lambda job: None)
+    table = sql.Identifier(migrated.schema_name, "jobs")
+    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'v' FROM generate_series(1, 200)")
+                 .format(table))
+    before = _vacuum_count(conn, migrated.schema_name)
+    settings = make_settings(pg_url, migrated.schema_name, vacuum_every=every,
+                             vacuum_threshold=0)
+    report = run_once(settings, registry=registry)
+    assert report.succeeded == 200 and report.lost == 0
+    # due once 60 jobs are written, done after the next flush: at 70 and 140 finished jobs
+    assert _vacuum_count(conn, migrated.schema_name) - before == expected
