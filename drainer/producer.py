@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -76,6 +76,15 @@ def _spec(job: JobSpec | Mapping[str, Any]) -> JobSpec:
     return JobSpec(**job)
 
 
+def _atomic(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:
+    """A transaction on an autocommit connection; else the caller's, as it is.
+
+    (``conn.transaction()`` on an idle non-autocommit connection would start a
+    transaction and commit it: the jobs would no longer roll back with the caller.)
+    """
+    return conn.transaction() if conn.autocommit else nullcontext()
+
+
 def enqueue_many(
     conn: psycopg.Connection[Any],
     jobs: Iterable[JobSpec | Mapping[str, Any]],
@@ -99,7 +108,7 @@ def enqueue_many(
         # The common bulk case: run_at is left out of the COPY, so the column default
         # (now(), the transaction's start, as SELECT now() would give) fills it, and
         # dedup_key stays NULL: four columns a row instead of six, no extra round trip.
-        with conn.transaction(), conn.cursor().copy(
+        with _atomic(conn), conn.cursor().copy(
                 _q("enqueue_copy_now", schema, table)) as copy:
             copy.set_types(["text", "jsonb", "int4", "int4"])
             write = copy.write_row
@@ -111,9 +120,7 @@ def enqueue_many(
         for s in specs
     ]
     types = ["text", "jsonb", "timestamptz", "int4", "int4", "text"]
-    # On an autocommit connection, make the batch atomic; otherwise join the caller's
-    # transaction as it is (conn.transaction() would commit a transaction it started).
-    with conn.transaction() if conn.autocommit else nullcontext():
+    with _atomic(conn):
         cur = conn.cursor()
         if all(s.dedup_key is None for s in specs):
             if any(s.run_at is None for s in specs):

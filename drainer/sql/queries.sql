@@ -200,7 +200,10 @@ WITH done_gone AS (
 SELECT (SELECT count(*) FROM done_gone) AS archived_done,
        (SELECT count(*) FROM failed_gone) AS archived_failed,
        s.n_dead_tup, s.n_live_tup, s.last_autovacuum, s.last_vacuum,
-       pg_has_role(current_user, c.relowner, 'USAGE') AS can_vacuum,
+       -- as in table_health: owner, or MAINTAIN on PostgreSQL 17+
+       pg_has_role(current_user, c.relowner, 'USAGE')
+       OR CASE WHEN current_setting('server_version_num')::int >= 170000
+               THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS can_vacuum,
        q.remaining_due, q.next_due_at
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid

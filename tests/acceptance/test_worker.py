@@ -179,7 +179,15 @@ def test_sigterm_lets_the_running_job_finish(notify_trigger: Settings, pg_url: s
     proc = _start(pg_url, schema, conn, "--max-poll-interval", "60")
     cleanup.append(proc)
     job_id, _ = _enqueue(pg_url, schema, "sleepy", '{"sleep": 1}')
-    _wait_for(lambda: _job(conn, schema, job_id)[0] == "running", 5, "the job to start")
+    # claimed ('running') is not started: wait for the handler's own record of its start
+    executions = sql.Identifier(schema, "executions")
+
+    def started() -> bool:
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE job_id = %s AND "
+                                   "note = 'start'").format(executions), [job_id]).fetchone()
+        return row is not None and row[0] > 0
+
+    _wait_for(started, 5, "the job to start")
     assert proc.terminate() == 0
     assert _job(conn, schema, job_id)[0] == "done"
     assert json.loads(proc.stdout)["succeeded"] == 1

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from drainer.enqueue import JobSpec
 from psycopg import sql
 
 from drainer import Job, enqueue_many, run_once
 from drainer.db import Queries
+from drainer.producer import JobSpec
 from drainer.registry import Registry
 from drainer.settings import Settings
 from tests.conftest import make_settings

@@ -7,9 +7,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from drainer.enqueue import JobSpec, enqueue_many
 from psycopg import sql
 
+from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 
 
