@@ -566,11 +566,18 @@ class _Drain:
                     # shutdown, or past the deadline: claimed jobs that have not started go
                     # back at once (running a whole batch could overrun a platform limit)
                     self.release(pending, take_back=True)
-                while pending and self.in_flight() < self._slots(pending[0], concurrency):
+                while pending and self.in_flight() < self._slots(pending[0]):
                     self.start(pending.popleft())
                 busy = self.in_flight()
-                full = not pending or busy >= self._slots(pending[0], concurrency)
-                self.collect(0.05 if busy and full else 0)
+                full = not pending or busy >= self._slots(pending[0])
+                if busy and full and concurrency == 1 and self.pool is not None \
+                        and not self.pool.idle.is_set():
+                    # sequential: sleep until the handler thread has run all it was given
+                    # (one wake-up a batch, not one a job)
+                    self.pool.idle.wait(0.05)
+                    self.collect(0)
+                else:
+                    self.collect(0.05 if busy and full else 0)
                 buffered = len(self.ok_buf) + len(self.fail_buf)
                 if buffered and (not pending or buffered >= self.settings.batch_size):
                     idle = not pending and not self.in_flight()
@@ -608,11 +615,17 @@ class _Drain:
         return self.stop.is_set() or (
             self.deadline is not None and time.monotonic() >= self.deadline)
 
-    @staticmethod
-    def _slots(r: _Running, concurrency: int) -> int:
-        """How many jobs may be in flight before ``r`` starts: handler threads get one
-        job queued ahead each, so that they never wait for this loop between jobs."""
-        return concurrency if r.timeout_at is not None else 2 * concurrency
+    def _slots(self, r: _Running) -> int:
+        """How many jobs may be in flight before ``r`` starts.
+
+        Handler threads get jobs queued ahead (one each; the whole batch when sequential),
+        so that they never wait for this loop between jobs; queued jobs that have not
+        started are taken back and released on shutdown.
+        """
+        concurrency = self.settings.concurrency
+        if r.timeout_at is not None:
+            return concurrency
+        return concurrency + (self.settings.batch_size if concurrency == 1 else concurrency)
 
     def release(self, pending: deque[_Running], take_back: bool = False) -> None:
         """Give back the claimed jobs that did not start (with ``take_back``, also those
@@ -663,6 +676,9 @@ class _HandlerThreads:
         self.may_start = may_start
         self.cond = threading.Condition()
         self.work: deque[_Running] = deque()
+        self.active = 0  # jobs taken from `work` whose handler has not returned
+        self.idle = threading.Event()  # set when nothing is queued or running
+        self.idle.set()
         self.closed = False
         self.target = target
         self.threads = [threading.Thread(target=self._main, daemon=True,
@@ -673,12 +689,15 @@ class _HandlerThreads:
     def submit(self, r: _Running) -> None:
         with self.cond:
             self.work.append(r)
+            self.idle.clear()
             self.cond.notify()
 
     def take_back(self) -> list[_Running]:
         with self.cond:
             taken = list(self.work)
             self.work.clear()
+            if not self.active:
+                self.idle.set()
         return taken
 
     def _main(self) -> None:
@@ -690,7 +709,14 @@ class _HandlerThreads:
                 if not self.work:
                     return
                 r = self.work.popleft()
-            self.target(r)
+                self.active += 1
+            try:
+                self.target(r)
+            finally:
+                with self.cond:
+                    self.active -= 1
+                    if not self.work and not self.active:
+                        self.idle.set()
 
     def shutdown(self) -> None:
         with self.cond:
