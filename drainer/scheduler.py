@@ -21,7 +21,7 @@ from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any
 
 from drainer.errors import ConfigError, DrainerError
-from drainer.settings import parse_duration
+from drainer.settings import DEFAULT_MAX_SLEEP_S, parse_duration
 from drainer.waking import (
     AwakeEstimate,
     IdleTimeout,
@@ -395,8 +395,9 @@ class _Runner:
         if policy not in WAKE_POLICIES:
             raise ConfigError(f"--wake-policy must be one of {', '.join(WAKE_POLICIES)}")
         self.policy = policy
-        self.state = WakeState(idle.seconds, max_sleep if max_sleep is not None
-                               else settings.max_sleep)
+        if max_sleep is None:  # settings may be a stand-in in unit tests
+            max_sleep = float(getattr(settings, "max_sleep", DEFAULT_MAX_SLEEP_S))
+        self.state = WakeState(idle.seconds, max_sleep)
         self.settings = settings
         self.registry = registry
         self.stop = stop
