@@ -35,7 +35,7 @@ _SCOPES: dict[str, tuple[str, ...]] = {
     "status": ("db",),
     "run-once": ("db", "run"),
     "demo": ("db", "run"),
-    "schedule": ("db", "run", "wake", "trigger"),
+    "schedule": ("db", "run", "wake", "trigger", "schedule"),
     "serve": ("db", "run", "trigger"),
     "worker": ("db", "run", "wake"),
     "audit": ("db", "wake"),
@@ -60,7 +60,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser, scopes: Sequence[str]) 
 
     groups: dict[str, argparse._ArgumentGroup] = {}
     titles = {"db": "database and logging", "run": "drain", "enqueue": "enqueue",
-              "trigger": "trigger", "wake": "waking and the compute's idle timeout"}
+              "trigger": "trigger", "wake": "waking and the compute's idle timeout",
+              "schedule": "wake policy"}
     for name, field in Settings.model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         field_scopes = extra.get("scopes") or []
@@ -271,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "run ended [default: off].")
     p.add_argument("--timezone", metavar="TZ", help="IANA time zone of --cron and of the "
                    "printed wake times [default: the system's].")
+    p.add_argument("--listen", metavar="HOST:PORT", help="Also take triggers: POST /drain "
+                   "on this address (as drainer serve: bearer DRAINER_TRIGGER_TOKEN, "
+                   "coalesced, GET /healthz never touches the database) runs a drain at once, "
+                   "never alongside a scheduled one; port 0 picks a free one.")
+    p.add_argument("--no-auth", action="store_true", help="With --listen: accept POST /drain "
+                   "without a bearer token (only behind something that authenticates).")
 
     p = add("serve", "HTTP trigger: POST /drain starts a drain; GET /healthz never touches "
             "the database.", _lazy("drainer.serve:serve_command"))

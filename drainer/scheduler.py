@@ -15,12 +15,13 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any
 
 from drainer.errors import ConfigError, DrainerError
-from drainer.settings import parse_duration
+from drainer.settings import DEFAULT_MAX_SLEEP_S, parse_duration
 from drainer.waking import (
     AwakeEstimate,
     IdleTimeout,
@@ -53,6 +54,8 @@ CRON_HORIZON_S = 7 * 86400.0
 CRON_MAX_FIRES = 20_000
 
 JOB_ID = "drain"
+
+WAKE_POLICIES = ("always", "known-work")
 
 #: Weekday names in cron order: 0 (and 7) is Sunday.
 CRON_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
@@ -249,8 +252,29 @@ class WakeSchedule:
 
 
 def check_schedule(wakes: WakeSchedule, idle: IdleTimeout, max_runtime: float | None, *,
-                   allow_always_on: bool) -> float:
-    """Refuse schedules that keep the compute awake; return the max runtime of one run."""
+                   allow_always_on: bool, policy: str = "always",
+                   max_sleep: float | None = None) -> float:
+    """Refuse schedules that keep the compute awake; return the max runtime of one run.
+
+    With ``known-work`` a tick that finds no reason does not connect, so ticks may come
+    as often as you like; what wakes an idle compute is the safety net, so it is
+    ``--max-sleep`` that must be longer than the idle timeout, and it bounds a run.
+    """
+    if policy == "known-work":
+        assert max_sleep is not None
+        if not idle.never_suspends and max_sleep <= idle.seconds and not allow_always_on:
+            raise ConfigError(
+                f"--max-sleep {fmt_seconds(max_sleep)} is not longer than the "
+                f"{fmt_seconds(idle.seconds)} idle timeout ({idle.source}): the safety net "
+                "alone would keep the compute awake; use a longer --max-sleep, or pass "
+                "--allow-always-on")
+        if max_runtime is None:
+            return min(DEFAULT_MAX_RUNTIME_CAP_S,
+                       max(1.0, max_sleep * DEFAULT_MAX_RUNTIME_FRACTION))
+        if max_runtime >= max_sleep:
+            raise ConfigError(f"--max-runtime {fmt_seconds(max_runtime)} must be shorter than "
+                              f"--max-sleep {fmt_seconds(max_sleep)}")
+        return max_runtime
     gap = wakes.min_gap()
     if not idle.never_suspends and gap <= idle.seconds and not allow_always_on:
         limit = f"the {fmt_seconds(idle.seconds)} idle timeout ({idle.source})"
@@ -271,6 +295,93 @@ def check_schedule(wakes: WakeSchedule, idle: IdleTimeout, max_runtime: float | 
     return max_runtime
 
 
+# -- the known-work wake policy -------------------------------------------------------------------
+
+
+@dataclass
+class WakeState:
+    """What the process knows about the queue, to tell whether a tick has a reason to wake.
+
+    Kept in memory only: a new process knows nothing, so its first tick drains in full.
+    Times are epoch seconds. ``last_end`` is when the last run (or failed attempt) ended:
+    the compute went quiet then, so a wake for a due retry waits until ``last_end +
+    idle_s`` (one wake then takes every retry that came due meanwhile).
+    """
+
+    idle_s: float
+    max_sleep_s: float
+    completed: int = 0
+    last_end: float | None = None
+    remaining_due: int = 0
+    next_due_at: float | None = None
+    triggers: int = 0
+    triggers_served: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def note_trigger(self) -> None:
+        with self._lock:
+            self.triggers += 1
+
+    def run_started(self) -> int:
+        """Call when a run starts; pass the result to :meth:`run_ended`."""
+        with self._lock:
+            return self.triggers
+
+    def run_ended(self, report: RunReport, triggers_at_start: int, at: float) -> None:
+        """A run completed: it saw every trigger that came before it started."""
+        nxt = datetime.fromisoformat(report.next_due_at) if report.next_due_at else None
+        with self._lock:
+            self.completed += 1
+            self.last_end = at
+            self.remaining_due = report.remaining_due
+            self.next_due_at = nxt.timestamp() if nxt is not None else None
+            self.triggers_served = max(self.triggers_served, triggers_at_start)
+
+    def run_failed(self, at: float) -> None:
+        """A run failed (database unreachable...): what was known stays, so it is retried."""
+        with self._lock:
+            self.last_end = at
+
+    def decide(self, now: float) -> tuple[bool, str]:
+        """(wake?, why) for a tick at ``now``."""
+        with self._lock:
+            if self.completed == 0:
+                if self.last_end is None:
+                    return True, "start: one full drain (a new process knows nothing)"
+                return True, "no complete drain yet (the last attempt failed)"
+            assert self.last_end is not None
+            pending = self.triggers - self.triggers_served
+            if pending > 0:
+                return True, (f"trigger: {pending} trigger{'' if pending == 1 else 's'} "
+                              "since the last complete drain")
+            if self.remaining_due > 0:
+                return True, (f"due work left: the last run stopped with "
+                              f"{self.remaining_due} due job"
+                              f"{'' if self.remaining_due == 1 else 's'}")
+            quiet_until = self.last_end + self.idle_s
+            held = ""
+            if self.next_due_at is not None and self.next_due_at <= now:
+                due = _clock(self.next_due_at)
+                if now >= quiet_until:
+                    return True, (f"retry due: a job the last run saw waiting came due at "
+                                  f"{due}")
+                held = (f"a job came due at {due}, held until {_clock(quiet_until)} (idle "
+                        "timeout after the last run) to group wakes; ")
+            asleep = now - self.last_end
+            if asleep >= self.max_sleep_s:
+                return True, (f"safety net: {fmt_seconds(asleep)} since the last run "
+                              f"(--max-sleep {fmt_seconds(self.max_sleep_s)})")
+            nxt = ("" if self.next_due_at is None or held else
+                   f"next job due {_clock(self.next_due_at)}; ")
+            return False, (f"no known work: no trigger since the last drain, none left due; "
+                           f"{held}{nxt}safety net at "
+                           f"{_clock(self.last_end + self.max_sleep_s)}")
+
+
+def _clock(t: float) -> str:
+    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+
+
 # -- running --------------------------------------------------------------------------------------
 
 
@@ -279,7 +390,14 @@ class _Runner:
 
     def __init__(self, settings: Settings, registry: Registry | None, stop: threading.Event,
                  idle: IdleTimeout, pull_earlier: bool,
-                 on_report: Callable[[RunReport], None] | None) -> None:
+                 on_report: Callable[[RunReport], None] | None, policy: str = "always",
+                 max_sleep: float | None = None) -> None:
+        if policy not in WAKE_POLICIES:
+            raise ConfigError(f"--wake-policy must be one of {', '.join(WAKE_POLICIES)}")
+        self.policy = policy
+        if max_sleep is None:  # settings may be a stand-in in unit tests
+            max_sleep = float(getattr(settings, "max_sleep", DEFAULT_MAX_SLEEP_S))
+        self.state = WakeState(idle.seconds, max_sleep)
         self.settings = settings
         self.registry = registry
         self.stop = stop
@@ -291,26 +409,51 @@ class _Runner:
         self.lock = threading.Lock()
 
     def __call__(self) -> None:
-        if self.stop.is_set() or not self.lock.acquire(blocking=False):
+        """A scheduled tick: drain (policy always), or only when there is known work."""
+        if self.stop.is_set():
+            return
+        if not self.lock.acquire(blocking=False):
+            logger.debug("tick skipped: a run is in progress")
             return
         try:
-            self._run()
+            if self.policy == "known-work":
+                wake, why = self.state.decide(time.time())
+                if not wake:
+                    logger.debug("tick skipped, no connection: %s", why,
+                                 extra={"wake": False, "reason": why})
+                    return
+                logger.info("wake: %s", why, extra={"wake": True, "reason": why})
+            try:
+                self._run()
+            except DrainerError as exc:
+                logger.error("run failed: %s (next wake as scheduled)", exc)
+            except Exception as exc:
+                logger.error("run failed: %s: %s (next wake as scheduled)",
+                             type(exc).__name__, " ".join(str(exc).split()), exc_info=exc)
         finally:
             self.lock.release()
 
-    def _run(self) -> None:
+    def triggered(self, coalescer_stop: threading.Event) -> dict[str, Any]:
+        """A drain asked for by POST /drain: waits for a scheduled run to end, never overlaps."""
+        with self.lock:
+            if self.stop.is_set() or coalescer_stop.is_set():
+                raise DrainerError("shutting down: the drain did not start")
+            logger.info("wake: trigger (POST /drain)", extra={"wake": True,
+                                                             "reason": "trigger"})
+            return self._run().as_dict()
+
+    def _run(self) -> RunReport:
+        """One run_once; raises what it raises (after noting the failure)."""
         from drainer.drain import run_once
 
         self.runs += 1
+        seen = self.state.run_started()
         try:
             report = run_once(self.settings, registry=self.registry, stop=self.stop)
-        except DrainerError as exc:
-            logger.error("run failed: %s (next wake as scheduled)", exc)
-            return
-        except Exception as exc:
-            logger.error("run failed: %s: %s (next wake as scheduled)", type(exc).__name__,
-                         " ".join(str(exc).split()), exc_info=exc)
-            return
+        except BaseException:
+            self.state.run_failed(time.time())
+            raise
+        self.state.run_ended(report, seen, time.time())
         ended = datetime.now(self.settings_tz())
         if self.on_report is not None:
             self.on_report(report)
@@ -323,6 +466,7 @@ class _Runner:
                                "awake_s": round(report.duration_s + self.idle.seconds, 3)})
         if self.pull_earlier and not self.stop.is_set():
             self._pull_earlier(report, ended)
+        return report
 
     def settings_tz(self) -> tzinfo:
         tz = getattr(self.scheduler, "timezone", None)
@@ -355,19 +499,46 @@ class _Runner:
 def run_schedule(settings: Settings, wakes: WakeSchedule, *, stop: threading.Event,
                  registry: Registry | None = None, idle: IdleTimeout | None = None,
                  pull_earlier: bool = False,
-                 on_report: Callable[[RunReport], None] | None = None) -> int:
+                 on_report: Callable[[RunReport], None] | None = None,
+                 policy: str | None = None, max_sleep: float | None = None,
+                 listen: tuple[str, int] | None = None, token: str | None = None,
+                 on_listening: Callable[[str, int], None] | None = None) -> int:
     """Drain on ``wakes`` until ``stop`` is set; return how many runs started.
 
     ``settings.max_runtime`` bounds each run (set it below the time between wakes).
     Setting ``stop`` starts no new run and asks the one in progress to shut down as
     ``run_once(stop=...)`` does (release unstarted jobs, grace period for running ones);
     this returns when it has. No signal handlers are installed here.
+
+    ``policy`` (default ``settings.wake_policy``): ``always`` drains at every tick;
+    ``known-work`` drains at a tick only for a reason (:meth:`WakeState.decide`).
+    ``listen=(host, port)`` also serves POST /drain (``token``: the bearer token, None:
+    none asked) with drainer serve's handler and coalescing; a triggered drain runs at
+    once, after the scheduled run in progress if any. ``on_listening(host, port)`` is
+    called with the bound address.
     """
     from apscheduler.executors.pool import ThreadPoolExecutor
     from apscheduler.schedulers.background import BackgroundScheduler
 
     idle = idle or idle_timeout_of(settings)
-    runner = _Runner(settings, registry, stop, idle, pull_earlier, on_report)
+    runner = _Runner(settings, registry, stop, idle, pull_earlier, on_report,
+                     policy or settings.wake_policy, max_sleep)
+    server: Any = None
+    http: threading.Thread | None = None
+    if listen is not None:
+        from drainer.serve import make_server
+
+        server = make_server(settings, listen[0], listen[1], token=token,
+                             drain=runner.triggered, on_request=runner.state.note_trigger)
+        host, port = server.server_address[:2]
+        http = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                name="drainer-schedule-http", daemon=True)
+        http.start()
+        logger.info("listening on http://%s:%d (POST /drain, GET /healthz, GET /runs/<id>); "
+                    "no database connection until a drain is due", host, port,
+                    extra={"port": port})
+        if on_listening is not None:
+            on_listening(host, port)
     scheduler = BackgroundScheduler(
         executors={"default": ThreadPoolExecutor(max_workers=1)},
         job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None},
@@ -384,12 +555,23 @@ def run_schedule(settings: Settings, wakes: WakeSchedule, *, stop: threading.Eve
         nxt = wakes.next_wakes(1)
         logger.info("scheduled: %s; next wake %s", wakes.describe(),
                     nxt[0].isoformat() if nxt else "never")
+    if runner.policy == "known-work":
+        logger.info("wake policy known-work: a tick connects only after a trigger, with due "
+                    "work left, for a retry come due (not sooner than %s after the last run), "
+                    "or %s after the last run (--max-sleep)", fmt_seconds(idle.seconds),
+                    fmt_seconds(runner.state.max_sleep_s))
     scheduler.start()
     try:
         while not stop.wait(0.5):
             pass
     finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            server.coalescer.shutdown(timeout=0)  # no new drains; the one running ends below
         scheduler.shutdown(wait=True)
+        if server is not None:
+            server.coalescer.shutdown(timeout=settings.grace + 60)
     return runner.runs
 
 
@@ -422,17 +604,43 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
     """``drainer schedule``: validate, print the awake estimate, run until SIGTERM/SIGINT."""
     wakes = wake_schedule_from_args(args)
     idle = idle_timeout_of(settings)
+    policy = settings.wake_policy
     max_runtime = check_schedule(wakes, idle, settings.max_runtime,
-                                 allow_always_on=args.allow_always_on)
-    estimate = wakes.estimate(idle, max_runtime)
+                                 allow_always_on=args.allow_always_on, policy=policy,
+                                 max_sleep=settings.max_sleep)
+    listen = None
+    token: str | None = None
+    if args.listen:
+        from drainer.serve import parse_listen, trigger_token
+
+        listen = parse_listen(args.listen)
+        token = trigger_token(settings, args.no_auth)
+    elif args.no_auth:
+        raise ConfigError("--no-auth only goes with --listen")
+    if policy == "known-work":
+        estimate = estimate_interval(settings.max_sleep, 0.0, idle, max_runtime)
+    else:
+        estimate = wakes.estimate(idle, max_runtime)
     if args.dry_run:
         out = sys.stdout
         out.write(f"schedule: {wakes.describe()}\n")
-        out.write(f"next {DRY_RUN_WAKES} wakes:\n")
+        if policy == "known-work":
+            out.write(f"wake policy: known-work (ticks check without connecting; a tick "
+                      f"wakes after a trigger, with due work left, for a retry come due "
+                      f"but not sooner than {fmt_seconds(idle.seconds)} after the last run, "
+                      f"or {fmt_seconds(settings.max_sleep)} after the last run "
+                      f"(--max-sleep))\n")
+            out.write(f"next {DRY_RUN_WAKES} ticks (the first drains in full; with no "
+                      "work, later ones skip):\n")
+        else:
+            out.write("wake policy: always (every tick drains)\n")
+            out.write(f"next {DRY_RUN_WAKES} wakes:\n")
         for when in wakes.next_wakes(DRY_RUN_WAKES):
             out.write(f"  {when.isoformat()}\n")
+        if listen is not None:
+            out.write(f"triggers: POST http://{listen[0]}:{listen[1]}/drain drains at once\n")
         out.write(f"max runtime of a run: {fmt_seconds(max_runtime)}\n")
-        out.write(estimate.describe() + "\n")
+        out.write(_describe_estimate(estimate, policy, idle, listen is not None) + "\n")
         return 0
 
     from drainer.drain import resolve_queues
@@ -442,11 +650,13 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
     if idle.assumed:
         logger.warning("idle timeout unknown: assuming %s (%s)", fmt_seconds(idle.seconds),
                        idle.source)
-    if not idle.never_suspends and wakes.min_gap() <= idle.seconds + max_runtime:
+    if (policy == "always" and not idle.never_suspends
+            and wakes.min_gap() <= idle.seconds + max_runtime):
         logger.warning("a run that uses its full max runtime (%s) leaves less than the idle "
                        "timeout before the next wake: such wakes keep the compute up until "
                        "the next one", fmt_seconds(max_runtime))
-    logger.info(estimate.describe(), extra={"awake_estimate": estimate.as_dict()})
+    logger.info(_describe_estimate(estimate, policy, idle, listen is not None),
+                extra={"awake_estimate": estimate.as_dict(), "wake_policy": policy})
     run_settings = settings.model_copy(update={"max_runtime": max_runtime})
     _share_log_handlers()
 
@@ -468,12 +678,27 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         runs = run_schedule(run_settings, wakes, stop=stop, idle=idle,
-                            pull_earlier=args.pull_earlier, on_report=_print_report)
+                            pull_earlier=args.pull_earlier, on_report=_print_report,
+                            policy=policy, max_sleep=settings.max_sleep, listen=listen,
+                            token=token)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
     logger.info("stopped after %d run(s)", runs)
     return 0
+
+
+def _describe_estimate(estimate: AwakeEstimate, policy: str, idle: IdleTimeout,
+                       listening: bool) -> str:
+    """The estimate's line; with known-work, what it counts (the safety net) and what not."""
+    if policy != "known-work" or idle.never_suspends:
+        return estimate.describe()
+    trig = ("each triggered drain adds its drain time to the wake its producer already "
+            "caused; " if listening else "")
+    return (estimate.describe().replace("awake estimate:", "awake estimate (known-work, "
+                                        "with no work: the --max-sleep safety net only):", 1)
+            + f"; {trig}each group of due retries or left work adds about drain time + "
+            f"{fmt_seconds(idle.seconds)}")
 
 
 def _print_report(report: RunReport) -> None:

@@ -87,8 +87,10 @@ class Coalescer:
     ends); every trigger that arrives while one is queued joins it.
     """
 
-    def __init__(self, drain: DrainFunc, keep: int = KEEP_RUNS) -> None:
+    def __init__(self, drain: DrainFunc, keep: int = KEEP_RUNS,
+                 on_request: Callable[[], None] | None = None) -> None:
         self._drain = drain
+        self._on_request = on_request
         self._keep = keep
         self._lock = threading.Lock()
         self.running: Run | None = None
@@ -103,6 +105,8 @@ class Coalescer:
         with self._lock:
             if self.stop.is_set():
                 raise Closed()
+            if self._on_request is not None:
+                self._on_request()  # e.g. drainer schedule notes the trigger for its ticks
             if self.queued is not None:
                 return self.queued, True
             run = Run(uuid.uuid4().hex[:12])
@@ -330,26 +334,47 @@ def drain_func(settings: Settings) -> DrainFunc:
 
 
 def make_server(settings: Settings, host: str, port: int, *, token: str | None,
-                drain: DrainFunc | None = None) -> _Server:
-    """The HTTP server, bound and ready for ``serve_forever`` (used by tests too)."""
-    coalescer = Coalescer(drain or drain_func(settings))
+                drain: DrainFunc | None = None,
+                on_request: Callable[[], None] | None = None) -> _Server:
+    """The HTTP server, bound and ready for ``serve_forever`` (used by tests too).
+
+    ``drainer schedule --listen`` uses it too, with its own ``drain`` (which waits for a
+    scheduled run to end) and ``on_request`` (called under the coalescer's lock for every
+    accepted POST /drain).
+    """
+    coalescer = Coalescer(drain or drain_func(settings), on_request=on_request)
     try:
         return _Server((host, port), coalescer, token)
     except OSError as exc:
         raise DrainerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def trigger_token(settings: Settings, no_auth: bool) -> str | None:
+    """The bearer token POST /drain wants (None with --no-auth); ConfigError when unset."""
+    token = settings.trigger_token.get_secret_value() if settings.trigger_token else None
+    if not token and not no_auth:
+        raise ConfigError("no trigger token: set DRAINER_TRIGGER_TOKEN (or --trigger-token), "
+                          "or pass --no-auth when something in front authenticates")
+    if no_auth:
+        logger.warning("--no-auth: anyone who can reach this port can start drains")
+        return None
+    return token
+
+
+def parse_listen(value: str, flag: str = "--listen") -> tuple[str, int]:
+    """``HOST:PORT``, ``[::1]:PORT`` or ``:PORT`` (all interfaces) -> (host, port)."""
+    host, sep, port_s = value.rpartition(":")
+    if not sep or not port_s.isdigit() or int(port_s) > 65535:
+        raise ConfigError(f"{flag}: expected HOST:PORT (e.g. 127.0.0.1:8080), got {value!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port_s)
+
+
 def serve_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.drain import resolve_queues
     from drainer.registry import default_registry
 
-    token = settings.trigger_token.get_secret_value() if settings.trigger_token else None
-    if not token and not args.no_auth:
-        raise ConfigError("no trigger token: set DRAINER_TRIGGER_TOKEN (or --trigger-token), "
-                          "or pass --no-auth when something in front authenticates")
-    if args.no_auth:
-        token = None
-        logger.warning("--no-auth: anyone who can reach this port can start drains")
+    token = trigger_token(settings, args.no_auth)
     settings.dsn  # noqa: B018 - a missing database URL is a configuration error (exit 2)
     queues = resolve_queues(settings, default_registry)  # loads the app; exit 2 if wrong
     port = args.port if args.port is not None else _env_port()

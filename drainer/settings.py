@@ -37,6 +37,7 @@ DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S = 120.0
 DEFAULT_APPLICATION_NAME = "drainer"
 DEFAULT_HANDLER_MARGIN_S = 10.0
 DEFAULT_HANDLER_BUDGET_S = 60.0  # Cloud Functions' default timeout
+DEFAULT_MAX_SLEEP_S = 6 * 3600.0  # schedule --wake-policy known-work: the safety net
 
 #: Idle timeout (seconds) after which each platform suspends a compute with no activity.
 PLATFORM_IDLE_TIMEOUTS: dict[str, float] = {
@@ -269,6 +270,20 @@ class Settings(BaseSettings):
         "Seconds of inactivity after which the compute suspends (overrides --platform).",
         "wake",
         ge=0,
+    )
+    wake_policy: Literal["always", "known-work"] = _opt(
+        "always",
+        "When a scheduled tick connects: 'always' (every tick drains) or 'known-work' (only "
+        "after a trigger, with due work left, when a seen retry has come due, or after "
+        "--max-sleep).",
+        "schedule",
+    )
+    max_sleep: Seconds = _opt(
+        DEFAULT_MAX_SLEEP_S,
+        "With --wake-policy known-work: the longest time without a run, for jobs inserted "
+        "with no trigger (the safety net).",
+        "schedule",
+        gt=0,
     )
 
     # -- serverless handlers (environment / pyproject only) ---------------------------------------

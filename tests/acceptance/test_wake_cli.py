@@ -1,0 +1,132 @@
+"""``drainer schedule --wake-policy known-work`` as a real process: a restart drains in
+full, skipped ticks say why at debug level, --listen, --dry-run and the refusals."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from drainer.settings import Settings
+from tests.acceptance._proc import DrainerProcess
+from tests.conftest import run_cli
+
+ARGS = ["schedule", "--interval", "0.3", "--wake-policy", "known-work", "--max-sleep", "1h",
+        "--idle-timeout", "1"]
+
+
+def insert_plain(conn: psycopg.Connection[Any], schema: str) -> int:
+    row = conn.execute(sql.SQL("INSERT INTO {} (queue, payload) VALUES ('noop', '{{}}') "
+                               "RETURNING id").format(sql.Identifier(schema, "jobs"))
+                       ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def status(conn: psycopg.Connection[Any], schema: str, job_id: int) -> str:
+    row = conn.execute(sql.SQL("SELECT status FROM {} WHERE id = %s")
+                       .format(sql.Identifier(schema, "jobs")), [job_id]).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def reports(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def start(pg_url: str, schema: str, *extra: str) -> DrainerProcess:
+    return DrainerProcess([*ARGS, *extra], pg_url=pg_url, schema=schema,
+                          DRAINER_APP="sample_jobs", DRAINER_LOG_LEVEL="DEBUG",
+                          DRAINER_TRIGGER_TOKEN="cli-token")
+
+
+def test_a_restart_drains_in_full_once_then_skips(
+        migrated: Settings, conn: psycopg.Connection[Any], pg_url: str) -> None:
+    schema = migrated.schema_name
+    first = insert_plain(conn, schema)
+    proc = start(pg_url, schema)
+    try:
+        proc.wait_log("wake: start: one full drain", timeout=20)
+        proc.wait_log("tick skipped, no connection: no known work", timeout=10)
+        assert status(conn, schema, first) == "done"
+        second = insert_plain(conn, schema)  # no trigger: the running process cannot know
+        time.sleep(1.5)
+        assert status(conn, schema, second) == "queued"
+        skipped = [r for r in proc.logs if "tick skipped" in str(r.get("msg"))]
+        assert len(skipped) >= 3 and {r["level"] for r in skipped} == {"debug"}
+        assert proc.terminate() == 0
+        assert len(reports(proc.stdout)) == 1
+    finally:
+        proc.kill()
+    again = start(pg_url, schema)
+    try:
+        proc = again
+        proc.wait_log("wake: start: one full drain", timeout=20)
+        deadline = time.monotonic() + 10
+        while status(conn, schema, second) != "done":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert proc.terminate() == 0
+        runs = reports(proc.stdout)
+        assert len(runs) == 1 and runs[0]["succeeded"] == 1
+        assert proc.count_logs("wake:") == 1
+    finally:
+        proc.kill()
+
+
+def test_listen_takes_the_serve_contract(
+        migrated: Settings, conn: psycopg.Connection[Any], pg_url: str) -> None:
+    schema = migrated.schema_name
+    proc = start(pg_url, schema, "--listen", "127.0.0.1:0")
+    try:
+        rec = proc.wait_log("listening on http://127.0.0.1:", timeout=20)
+        port = rec["port"]
+        proc.wait_log("wake: start", timeout=20)
+        proc.wait_log("tick skipped", timeout=10)
+        job = insert_plain(conn, schema)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            assert r.status == 200 and json.loads(r.read())["status"] == "ok"
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/drain", data=b"",
+                                     method="POST",
+                                     headers={"Authorization": "Bearer cli-token"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert r.status == 202
+        deadline = time.monotonic() + 5
+        while status(conn, schema, job) != "done":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.wait_log("wake: trigger (POST /drain)")
+        assert proc.terminate() == 0
+    finally:
+        proc.kill()
+
+
+def test_dry_run_and_refusals(pg_url: str, schema: str) -> None:
+    res = run_cli([*ARGS, "--dry-run"], pg_url=pg_url, schema=schema)
+    assert res.returncode == 0, res.stderr
+    assert "wake policy: known-work" in res.stdout
+    assert ("awake estimate (known-work, with no work: the --max-sleep safety net only): "
+            "per wake ≈ drain time + 1.0 s idle timeout (--idle-timeout); 24 wakes a day"
+            in res.stdout)
+    res = run_cli(["schedule", "--interval", "0.3", "--idle-timeout", "1", "--dry-run"],
+                  pg_url=pg_url, schema=schema)
+    assert res.returncode == 2 and "--interval 0.3 s is not longer" in res.stderr
+    res = run_cli([*ARGS[:-4], "--max-sleep", "1", "--idle-timeout", "5", "--dry-run"],
+                  pg_url=pg_url, schema=schema)
+    assert res.returncode == 2
+    assert "--max-sleep 1.0 s is not longer than the 5.0 s idle timeout" in res.stderr
+    res = run_cli([*ARGS, "--wake-policy", "sometimes"], pg_url=pg_url, schema=schema)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    res = run_cli([*ARGS, "--no-auth", "--dry-run"], pg_url=pg_url, schema=schema)
+    assert res.returncode == 2 and "--no-auth only goes with --listen" in res.stderr
+    res = run_cli([*ARGS, "--listen", "nowhere", "--dry-run"], pg_url=pg_url, schema=schema,
+                  DRAINER_TRIGGER_TOKEN="longer-token")
+    assert res.returncode == 2 and "--listen: expected HOST:PORT" in res.stderr
+    res = run_cli([*ARGS, "--listen", "127.0.0.1:0", "--dry-run"], pg_url=pg_url,
+                  schema=schema)
+    assert res.returncode == 2 and "no trigger token" in res.stderr

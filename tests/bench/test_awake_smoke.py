@@ -1,0 +1,28 @@
+"""``python -m bench.awake`` runs end to end at a tiny size (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def test_awake_bench_smoke(pg_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "awake.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.awake", "--server", pg_url, "--database",
+         "drainer_awake_smoke", "--window", "8", "--idle-timeout", "1", "--warmup", "1.5",
+         "--only", "floor,known-work", "--parallel", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| floor | `(producers only)` |" in proc.stdout
+    assert "| known-work | `drainer schedule --wake-policy known-work" in proc.stdout
+    assert "known-work above the floor:" in proc.stdout
+    results = {r["contender"]: r for r in json.loads(out.read_text())["results"]}
+    assert results["floor"]["done"] == 0 and results["floor"]["jobs"] == 45
+    assert results["known-work"]["done"] == results["known-work"]["jobs"] == 45
+    assert results["floor"]["samples"] >= 15 and results["floor"]["awake_s"] > 0
