@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue as queue_mod
-import signal
 import threading
 import time
 import traceback
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.pq import TransactionStatus
 
 from drainer import db
+from drainer._signals import on_stop_signals
 from drainer.maintenance import archiver, reaper, vacuum
 from drainer.migrate import check_schema
 from drainer.registry import Job, Registry, Task, default_registry, load_app
@@ -754,14 +754,10 @@ def resolve_queues(settings: Settings, registry: Registry) -> list[str]:
     return list(dict.fromkeys(settings.queues))
 
 
-@contextmanager
-def _signals_stop(stop: threading.Event, hurry: threading.Event) -> Iterator[None]:
-    """SIGTERM/SIGINT: stop claiming (a second signal cuts the grace period short)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    def handler(signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
+def _stop_on_signal(stop: threading.Event, hurry: threading.Event) -> Callable[[str], None]:
+    """SIGTERM/SIGINT: stop claiming; a second signal cuts the grace period short."""
+
+    def handler(name: str) -> None:
         if stop.is_set():
             logger.warning("received %s again: not waiting for running jobs (they are left "
                            "to their lease)", name)
@@ -771,12 +767,7 @@ def _signals_stop(stop: threading.Event, hurry: threading.Event) -> Iterator[Non
                     "are released; running jobs get the grace period)", name)
         stop.set()
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    return handler
 
 
 def run_once(
@@ -803,7 +794,8 @@ def run_once(
         deadline = limit if deadline is None else min(deadline, limit)
     report = RunReport(run_id=uuid.uuid4().hex[:12], queues=queues)
     hurry = threading.Event()
-    ctx = _signals_stop(stop, hurry) if handle_signals else _nullcontext()
+    ctx = on_stop_signals(_stop_on_signal(stop, hurry)) if handle_signals \
+        else _nullcontext()
     with ctx:
         conn = db.connect(settings)
         connected_at = time.monotonic()

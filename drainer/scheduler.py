@@ -12,7 +12,6 @@ import itertools
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any
 
+from drainer._signals import on_stop_signals
 from drainer.errors import ConfigError, DrainerError
 from drainer.settings import DEFAULT_MAX_SLEEP_S, parse_duration
 from drainer.waking import (
@@ -661,12 +661,9 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
     _share_log_handlers()
 
     stop = threading.Event()
-    hits = {"n": 0}
 
-    def on_signal(signum: int, frame: Any) -> None:
-        hits["n"] += 1
-        name = signal.Signals(signum).name
-        if hits["n"] > 1:
+    def on_signal(name: str) -> None:
+        if stop.is_set():
             sys.stderr.write(f"drainer schedule: second {name}: exiting now; running jobs "
                              "are left to their lease\n")
             os._exit(1)
@@ -675,15 +672,11 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
                     fmt_seconds(settings.grace))
         stop.set()
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with on_stop_signals(on_signal):
         runs = run_schedule(run_settings, wakes, stop=stop, idle=idle,
                             pull_earlier=args.pull_earlier, on_report=_print_report,
                             policy=policy, max_sleep=settings.max_sleep, listen=listen,
                             token=token)
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
     logger.info("stopped after %d run(s)", runs)
     return 0
 

@@ -6,7 +6,6 @@ import hmac
 import json
 import logging
 import os
-import signal
 import threading
 import time
 import uuid
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from drainer._redact import redact
+from drainer._signals import on_stop_signals
 from drainer.errors import ConfigError, DrainerError
 
 if TYPE_CHECKING:
@@ -382,27 +382,25 @@ def serve_command(args: argparse.Namespace, settings: Settings) -> int:
     host, bound = server.server_address[:2]
     stop_requested = threading.Event()
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(name: str) -> None:
         logger.info("received %s: no new drains; the running one finishes or releases its "
-                    "jobs", signal.Signals(signum).name)
+                    "jobs", name)
         stop_requested.set()
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                              name="drainer-serve-http", daemon=True)
-    thread.start()
-    logger.info("listening on http://%s:%d (POST /drain, GET /healthz, GET /runs/<id>); "
-                "queues: %s; no database connection until a drain is requested",
-                host, bound, ", ".join(queues), extra={"port": bound})
-    try:
-        while not stop_requested.wait(0.5):
-            pass
-    finally:
-        server.shutdown()  # stop accepting
-        server.server_close()
-        server.coalescer.shutdown(timeout=settings.grace + 60)
-        for s, h in previous.items():
-            signal.signal(s, h)
+    with on_stop_signals(on_signal):
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                  name="drainer-serve-http", daemon=True)
+        thread.start()
+        logger.info("listening on http://%s:%d (POST /drain, GET /healthz, GET /runs/<id>); "
+                    "queues: %s; no database connection until a drain is requested",
+                    host, bound, ", ".join(queues), extra={"port": bound})
+        try:
+            while not stop_requested.wait(0.5):
+                pass
+        finally:
+            server.shutdown()  # stop accepting
+            server.server_close()
+            server.coalescer.shutdown(timeout=settings.grace + 60)
     logger.info("stopped after %d drain(s)", server.coalescer.started)
     return 0
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ import psycopg
 from psycopg import sql
 
 from drainer import db
+from drainer._signals import on_stop_signals
 from drainer.errors import DatabaseUnavailable, SchemaError
 from drainer.settings import parse_duration
 
@@ -250,18 +250,14 @@ def worker_command(args: argparse.Namespace, settings: Settings) -> int:
     warn_at_start(settings, min_poll, max_poll)
     stop = threading.Event()
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(name: str) -> None:
         logger.info("received %s: stopping (no new claims; running jobs get the grace "
-                    "period)", signal.Signals(signum).name)
+                    "period)", name)
         stop.set()
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with on_stop_signals(on_signal):
         stats = Worker(settings, queues, min_poll=min_poll, max_poll=max_poll,
                        stop=stop).run()
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
     sys.stdout.write(json.dumps(vars(stats)) + "\n")
     sys.stdout.flush()
     return 0
