@@ -274,6 +274,12 @@ class _Drain:
         return False
 
     # -- claiming ---------------------------------------------------------------------------------
+    def _claim_size(self) -> int:
+        """The next claim's size: a batch, or what is left under --max-jobs."""
+        if self.settings.max_jobs is None:
+            return self.settings.batch_size
+        return min(self.settings.batch_size, self.settings.max_jobs - self.report.claimed)
+
     def claim_round(self, start: int, tries: int | None = None
                     ) -> tuple[list[tuple[Task, db.ClaimedRow]], int, bool]:
         """Claim from the queues in turn, starting at ``start`` (``tries`` queues at most).
@@ -286,9 +292,7 @@ class _Drain:
             idx = (start + i) % n
             queue = self.queues[idx]
             task = self.registry.tasks[queue]
-            size = self.settings.batch_size
-            if self.settings.max_jobs is not None:
-                size = min(size, self.settings.max_jobs - self.report.claimed)
+            size = self._claim_size()
             if size <= 0:
                 return [], idx, False
             if task.transaction:
@@ -316,9 +320,7 @@ class _Drain:
         n = len(self.queues)
         queue = self.queues[start]
         task = self.registry.tasks[queue]
-        size = self.settings.batch_size
-        if self.settings.max_jobs is not None:
-            size = min(size, self.settings.max_jobs - self.report.claimed)
+        size = self._claim_size()
         if size <= 0:
             self.flush()
             return [], start, False
