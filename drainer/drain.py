@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from psycopg.pq import TransactionStatus
 
 from drainer import db
@@ -325,9 +326,19 @@ class _Drain:
             self.flush()
             return [], start, False
         buf, self.ok_buf = self.ok_buf, []
-        written, rows = self.q.complete_many_and_claim(
-            [o.job.id for o in buf], [o.job.attempt for o in buf], queue, size,
-            self._lease(task))
+        try:
+            written, rows = self.q.complete_many_and_claim(
+                [o.job.id for o in buf], [o.job.attempt for o in buf], queue, size,
+                self._lease(task))
+        except psycopg.errors.DeadlockDetected as exc:
+            # the statement rolled back whole (nothing completed, nothing claimed): write
+            # and claim in two statements instead, which cannot take part in a cycle
+            logger.warning("combined completion and claim deadlocked, retrying as two "
+                           "statements: %s", db._one_line(exc),
+                           extra={"run_id": self.report.run_id})
+            self.ok_buf = buf + self.ok_buf
+            self.flush()
+            return self.claim_round(start)
         self._count_written(buf, written)
         self._show_progress()
         if rows:

@@ -49,6 +49,14 @@ RETURNING j.id;
 -- per batch instead of two. The jobs completed are 'running', so the claim (of 'queued'
 -- rows only) cannot touch them. Returns the completed ids (kind 'done') and the claimed rows
 -- (kind 'claimed'); the claim is the same index scan under LockRows and Limit as claim_batch.
+--
+-- The completion runs FIRST (the outer UNION ALL reads `done` before `claimed`): under READ
+-- COMMITTED a FOR UPDATE that meets a row claimed and committed since its snapshot locks
+-- the row's newest version before its recheck rejects it, and keeps that lock until its
+-- transaction ends. If the claim came first, a drainer could hold such a lock on another
+-- drainer's running job while its own completion waited on a third: with 8 drainers that
+-- cycle was seen as "deadlock detected". Completion first, the only statement that can wait
+-- is one that holds no such lock yet, and the claim part (SKIP LOCKED) never waits.
 WITH done AS (
   UPDATE {jobs} j
   SET status = 'done', locked_until = NULL, finished_at = now()
@@ -70,11 +78,13 @@ WITH done AS (
   RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
             j.locked_until
 )
-SELECT 'claimed' AS kind, id, queue, payload, attempts, max_attempts, priority, run_at,
-       locked_until
-FROM claimed
+SELECT 'done' AS kind, id, NULL AS queue, NULL::jsonb AS payload, NULL::int AS attempts,
+       NULL::int AS max_attempts, NULL::int AS priority, NULL::timestamptz AS run_at,
+       NULL::timestamptz AS locked_until
+FROM done
 UNION ALL
-SELECT 'done', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done;
+SELECT 'claimed', id, queue, payload, attempts, max_attempts, priority, run_at, locked_until
+FROM claimed;
 
 -- name: delete_completed_many
 -- Like complete_many, for delete-on-complete: the row goes, no history is kept.

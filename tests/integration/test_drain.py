@@ -448,3 +448,31 @@ def test_database_unreachable_raises(schema: str, registry: Registry) -> None:
     with pytest.raises(DatabaseUnavailable, match="after 2 attempts"):
         run_once(settings, registry=registry)
     assert time.monotonic() - started < 5
+
+
+def test_a_deadlocked_combined_statement_falls_back_to_two(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL rolls a deadlock victim back whole: its jobs are written and the next
+    batch claimed again with separate statements, nothing lost or run twice."""
+    ran: list[int] = []
+
+    @registry.task("d")
+    def handler(job: Job) -> None:
+        ran.append(job.id)
+
+    enqueue_many(conn, [JobSpec("d", {}) for _ in range(35)], schema=migrated.schema_name)
+    real = Queries.complete_many_and_claim
+    calls = {"n": 0}
+
+    def deadlock_once(self: Queries, *args: Any, **kw: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise psycopg.errors.DeadlockDetected("deadlock detected (simulated)")
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Queries, "complete_many_and_claim", deadlock_once)
+    report = run_once(migrated, registry=registry)
+    assert calls["n"] >= 3
+    assert (report.claimed, report.succeeded, report.lost) == (35, 35, 0)
+    assert sorted(ran) == sorted(set(ran)) and len(ran) == 35
