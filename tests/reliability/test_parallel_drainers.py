@@ -32,9 +32,9 @@ def test_eight_run_once_processes_run_every_job_once(
     procs = [start_drainer(["run-once", "--concurrency", "4", "--batch-size", "25"],
                            pg_url=pg_url, schema=migrated.schema_name, log_dir=tmp_path)
              for _ in range(PROCESSES)]
+    results = [finish(p, timeout=120) for p in procs]  # all reaped before any assert
     reports = []
-    for p in procs:
-        code, out, err = finish(p, timeout=120)
+    for code, out, err in results:
         assert code == 0, err[-2000:]
         reports.append(json.loads(out))
 
