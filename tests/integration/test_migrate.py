@@ -11,21 +11,9 @@ from psycopg import sql
 from drainer.db import Queries
 from drainer.errors import SchemaError
 from drainer.migrate import check_schema, latest_version, migrate
+from tests.article import ARTICLE_CREATE_TABLE
 
-ARTICLE_DDL = """
-CREATE TABLE {jobs} (
-  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  queue        text        NOT NULL DEFAULT 'default',
-  payload      jsonb       NOT NULL,
-  status       text        NOT NULL DEFAULT 'queued'
-               CHECK (status IN ('queued', 'running', 'done', 'failed')),
-  run_at       timestamptz NOT NULL DEFAULT now(),
-  attempts     int         NOT NULL DEFAULT 0,
-  max_attempts int         NOT NULL DEFAULT 5,
-  locked_until timestamptz,
-  last_error   text,
-  created_at   timestamptz NOT NULL DEFAULT now()
-);
+ARTICLE_DDL = ARTICLE_CREATE_TABLE.replace("{t}", "{jobs}") + """;
 CREATE INDEX jobs_ready_idx ON {jobs} (queue, run_at) WHERE status = 'queued';
 INSERT INTO {jobs} (payload)
 SELECT jsonb_build_object('email_id', g) FROM generate_series(1, 10) AS g;

@@ -22,26 +22,14 @@ from psycopg import sql
 from drainer.db import Queries
 from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
+from tests.article import ARTICLE_CREATE_TABLE
 
 JOBS = 10_000
 WORKERS = 8
 NAIVE_JOBS = 2_000
 
 # The article's table, index and naive statement (its naive.sql marks the job done at once).
-ARTICLE_DDL = """
-CREATE TABLE {t} (
-  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  queue        text        NOT NULL DEFAULT 'default',
-  payload      jsonb       NOT NULL,
-  status       text        NOT NULL DEFAULT 'queued'
-               CHECK (status IN ('queued', 'running', 'done', 'failed')),
-  run_at       timestamptz NOT NULL DEFAULT now(),
-  attempts     int         NOT NULL DEFAULT 0,
-  max_attempts int         NOT NULL DEFAULT 5,
-  locked_until timestamptz,
-  last_error   text,
-  created_at   timestamptz NOT NULL DEFAULT now()
-);
+ARTICLE_DDL = ARTICLE_CREATE_TABLE + """;
 CREATE INDEX ON {t} (queue, run_at) WHERE status = 'queued';
 INSERT INTO {t} (payload) SELECT jsonb_build_object('email_id', g)
 FROM generate_series(1, %(jobs)s) AS g;
