@@ -9,29 +9,14 @@ import urllib.request
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from drainer.settings import Settings
 from tests.acceptance._proc import DrainerProcess
 from tests.conftest import run_cli
+from tests.integration.test_wake_policy import insert_plain, status
 
 ARGS = ["schedule", "--interval", "0.3", "--wake-policy", "known-work", "--max-sleep", "1h",
         "--idle-timeout", "1"]
-
-
-def insert_plain(conn: psycopg.Connection[Any], schema: str) -> int:
-    row = conn.execute(sql.SQL("INSERT INTO {} (queue, payload) VALUES ('noop', '{{}}') "
-                               "RETURNING id").format(sql.Identifier(schema, "jobs"))
-                       ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def status(conn: psycopg.Connection[Any], schema: str, job_id: int) -> str:
-    row = conn.execute(sql.SQL("SELECT status FROM {} WHERE id = %s")
-                       .format(sql.Identifier(schema, "jobs")), [job_id]).fetchone()
-    assert row is not None
-    return str(row[0])
 
 
 def reports(out: str) -> list[dict[str, Any]]:
@@ -47,13 +32,13 @@ def start(pg_url: str, schema: str, *extra: str) -> DrainerProcess:
 def test_a_restart_drains_in_full_once_then_skips(
         migrated: Settings, conn: psycopg.Connection[Any], pg_url: str) -> None:
     schema = migrated.schema_name
-    first = insert_plain(conn, schema)
+    first = insert_plain(conn, schema, "noop")
     proc = start(pg_url, schema)
     try:
         proc.wait_log("wake: start: one full drain", timeout=20)
         proc.wait_log("tick skipped, no connection: no known work", timeout=10)
         assert status(conn, schema, first) == "done"
-        second = insert_plain(conn, schema)  # no trigger: the running process cannot know
+        second = insert_plain(conn, schema, "noop")  # no trigger: the running process cannot know
         time.sleep(1.5)
         assert status(conn, schema, second) == "queued"
         skipped = [r for r in proc.logs if "tick skipped" in str(r.get("msg"))]
@@ -88,7 +73,7 @@ def test_listen_takes_the_serve_contract(
         port = rec["port"]
         proc.wait_log("wake: start", timeout=20)
         proc.wait_log("tick skipped", timeout=10)
-        job = insert_plain(conn, schema)
+        job = insert_plain(conn, schema, "noop")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
             assert r.status == 200 and json.loads(r.read())["status"] == "ok"
         req = urllib.request.Request(f"http://127.0.0.1:{port}/drain", data=b"",

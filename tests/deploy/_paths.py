@@ -13,6 +13,10 @@ from drainer.settings import parse_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
+#: Seconds the deploy targets leave between --max-runtime + --grace and their hard
+#: deadline: connecting is inside --max-runtime, but archive, vacuum and the report
+#: come after it.
+MAINTENANCE_MARGIN_S = 120
 
 
 def psql_binary() -> str:

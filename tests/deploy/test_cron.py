@@ -22,6 +22,7 @@ from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 from tests.deploy._paths import (
     DEPLOY,
+    MAINTENANCE_MARGIN_S,
     ROOT,
     cron_min_gap,
     drainer_binary,
@@ -31,16 +32,7 @@ from tests.deploy._paths import (
 )
 
 CRON = DEPLOY / "cron"
-#: archive, vacuum and the report come after --max-runtime + --grace
-MAINTENANCE_MARGIN_S = 120
 
-
-@pytest.fixture(autouse=True)
-def _no_ambient_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("DRAINER_") or name == "DATABASE_URL":
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("DRAINER_PYPROJECT", str(tmp_path / "none.toml"))
 
 
 # -- crontab --------------------------------------------------------------------------------------

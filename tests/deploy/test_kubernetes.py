@@ -3,7 +3,6 @@ strict), and the fields that keep drainer safe say what they must."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,6 +15,7 @@ from kubernetes_validate.utils import SchemaNotFoundError
 
 from tests.deploy._paths import (
     DEPLOY,
+    MAINTENANCE_MARGIN_S,
     cron_min_gap,
     drainer_settings,
     load_yaml_docs,
@@ -26,18 +26,7 @@ K8S = DEPLOY / "kubernetes"
 MANIFESTS = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
 # CronJob.spec.timeZone is GA from 1.27; the newest schemas the package ships, too.
 VERSIONS = ["1.27", kubernetes_validate.utils.latest_version()]
-#: Seconds left between --max-runtime + --grace and the hard deadline, for connecting is
-#: inside --max-runtime, but archive, vacuum and the report come after it.
-MAINTENANCE_MARGIN_S = 120
 
-
-@pytest.fixture(autouse=True)
-def _no_ambient_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Container args are read as in the container: no DRAINER_* from this shell."""
-    for name in list(os.environ):
-        if name.startswith("DRAINER_") or name == "DATABASE_URL":
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("DRAINER_PYPROJECT", str(tmp_path / "none.toml"))
 
 
 def docs(name: str) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -14,12 +13,17 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy._paths import DEPLOY, drainer_settings, load_yaml_docs, longest_idle_timeout
+from tests.deploy._paths import (
+    DEPLOY,
+    MAINTENANCE_MARGIN_S,
+    drainer_settings,
+    load_yaml_docs,
+    longest_idle_timeout,
+)
 
 AWS = DEPLOY / "serverless" / "aws"
 GCP = DEPLOY / "serverless" / "gcp"
 HANDLER = "drainer.serverless.lambda_handler"
-MAINTENANCE_MARGIN_S = 120
 
 SERVERLESS_MISSING = importlib.util.find_spec("drainer.serverless") is None
 xfail_without_serverless = pytest.mark.xfail(
@@ -27,13 +31,6 @@ xfail_without_serverless = pytest.mark.xfail(
     reason="drainer/serverless.py is written on another branch (issue 5) and merged by the "
            "lead; this test imports it for real once it is there")
 
-
-@pytest.fixture(autouse=True)
-def _no_ambient_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith("DRAINER_") or name == "DATABASE_URL":
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("DRAINER_PYPROJECT", str(tmp_path / "none.toml"))
 
 
 # -- CloudFormation YAML ------------------------------------------------------------------------
