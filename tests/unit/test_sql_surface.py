@@ -42,3 +42,14 @@ def test_package_exports_the_functions() -> None:
 
     assert callable(drainer.enqueue) and callable(drainer.enqueue_many)
     assert callable(drainer.run_once) and callable(drainer.task)
+
+
+def test_combined_statement_claims_exactly_like_claim_batch() -> None:
+    """queries.sql cannot include one block in another: keep the two claims identical."""
+
+    def next_cte(text: str) -> str:
+        start = text.index("next AS (")
+        return " ".join(text[start:text.index(")", text.index("FOR UPDATE SKIP LOCKED"))]
+                        .split())
+
+    assert next_cte(QUERIES["complete_many_and_claim"]) == next_cte(QUERIES["claim_batch"])
