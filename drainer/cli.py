@@ -24,7 +24,7 @@ from drainer.errors import (
 )
 
 if TYPE_CHECKING:
-    from drainer.settings import Settings
+    from drainer.settings import AnySettings, Settings
 
 logger = logging.getLogger("drainer.cli")
 
@@ -56,49 +56,56 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser, scopes: Sequence[str]) -> None:
-    from drainer.settings import Settings, env_of, flag_of
+    from drainer._settings_table import FIELDS
 
     groups: dict[str, argparse._ArgumentGroup] = {}
     titles = {"db": "database and logging", "run": "drain", "enqueue": "enqueue",
               "trigger": "trigger", "wake": "waking and the compute's idle timeout",
               "schedule": "wake policy"}
-    for name, field in Settings.model_fields.items():
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        field_scopes = extra.get("scopes") or []
-        assert isinstance(field_scopes, list)
-        scope = next((str(s) for s in field_scopes if s in scopes), None)
+    for spec in FIELDS:
+        scope = next((s for s in spec.scopes if s in scopes), None)
         if scope is None:
             continue
         group = groups.get(scope)
         if group is None:
             group = groups[scope] = parser.add_argument_group(titles.get(scope, scope))
-        flag = flag_of(name)
-        default = field.default
-        shown = "" if default is None or name == "database_url" else f" [default: {default}]"
-        help_text = f"{field.description}{shown} (env {env_of(name)})"
-        if field.annotation is bool:
-            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
-                               default=argparse.SUPPRESS, help=help_text)
-        elif name == "queues":
-            group.add_argument(flag, dest=name, action="append", default=argparse.SUPPRESS,
-                               metavar="QUEUE", help=help_text)
+        if spec.kind == "bool":
+            group.add_argument(spec.flag, dest=spec.name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=spec.help)
+        elif spec.kind == "list":
+            group.add_argument(spec.flag, dest=spec.name, action="append",
+                               default=argparse.SUPPRESS, metavar=spec.metavar, help=spec.help)
         else:
-            group.add_argument(flag, dest=name, default=argparse.SUPPRESS,
-                               metavar=name.upper().replace("_NAME", ""), help=help_text)
+            group.add_argument(spec.flag, dest=spec.name, default=argparse.SUPPRESS,
+                               metavar=spec.metavar, help=spec.help)
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Settings from the flags given on the command line (others from env/pyproject)."""
-    from drainer.settings import Settings, load_settings
+def settings_from_args(args: argparse.Namespace) -> AnySettings:
+    """Settings from the flags given on the command line (others from env/pyproject).
 
-    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    Commands registered with ``add_fast`` get SettingsValues when the pydantic-free check
+    accepts every value (importing pydantic costs about as long as an empty drain);
+    anything else goes through ``load_settings``, the authority, which also words the
+    error. The other commands (long-running, or copying the model) get Settings.
+    """
+    from drainer._settings_table import FIELD_NAMES, FIELDS, SettingsValues
+
+    overrides = {k: v for k, v in vars(args).items() if k in FIELD_NAMES}
     if "queues" in overrides:
         overrides["queues"] = [q.strip() for v in overrides["queues"] for q in v.split(",")
                                if q.strip()]
+    if getattr(args, "fast_settings", False):
+        from drainer._settings_core import fast_values
+
+        values = fast_values(FIELDS, overrides)
+        if values is not None:
+            return SettingsValues(values)
+    from drainer.settings import load_settings
+
     return load_settings(**overrides)
 
 
-def _setup_logging(settings: Settings) -> None:
+def _setup_logging(settings: AnySettings) -> None:
     from drainer.logs import setup_logging
 
     setup_logging(settings.log_level, settings.log_format)
@@ -112,7 +119,7 @@ def print_json(obj: Any) -> None:
 # -- commands -----------------------------------------------------------------------------------
 
 
-def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_migrate(args: argparse.Namespace, settings: AnySettings) -> int:
     if args.print_grants:
         from drainer.grants import render_grants
 
@@ -142,13 +149,13 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     return enqueue_command(args, settings)
 
 
-def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_status(args: argparse.Namespace, settings: AnySettings) -> int:
     from drainer.status import status_command
 
     return status_command(args, settings)
 
 
-def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_run_once(args: argparse.Namespace, settings: AnySettings) -> int:
     from drainer.drain import run_once
     from drainer.progress import progress_printer
 
@@ -168,10 +175,10 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     return demo_command(args, settings)
 
 
-def _lazy(target: str) -> Callable[[argparse.Namespace, Settings], int]:
+def _lazy(target: str) -> Callable[[argparse.Namespace, AnySettings], int]:
     """A command implemented in another module, imported only when it runs."""
 
-    def run(args: argparse.Namespace, settings: Settings) -> int:
+    def run(args: argparse.Namespace, settings: AnySettings) -> int:
         module, _, func = target.partition(":")
         try:
             impl = getattr(importlib.import_module(module), func)
@@ -195,14 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    def add(name: str, help_text: str, func: Callable[[argparse.Namespace, Settings], int]
-            ) -> argparse.ArgumentParser:
+    def add(name: str, help_text: str, func: Callable[[argparse.Namespace, Settings], int],
+            fast: bool = False) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         _add_settings_flags(p, _SCOPES[name])
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, fast_settings=fast)
         return p
 
-    p = add("migrate", "Create or upgrade the jobs table (idempotent; adopts the article's "
+    def add_fast(name: str, help_text: str,
+                 func: Callable[[argparse.Namespace, AnySettings], int]
+                 ) -> argparse.ArgumentParser:
+        """A command whose code also takes SettingsValues (see settings_from_args)."""
+        return add(name, help_text, func, fast=True)
+
+    p = add_fast("migrate", "Create or upgrade the jobs table (idempotent; adopts the article's "
             "table).", cmd_migrate)
     p.add_argument("--notify-trigger", action="store_true",
                    help="Also install the AFTER INSERT trigger that pg_notify('drainer', "
@@ -235,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dedup-key", metavar="KEY", help="Skip the job when one with this key "
                    "is already queued or running.")
 
-    p = add("status", "What the queue is doing, and the jobs table's health.", cmd_status)
+    p = add_fast("status", "What the queue is doing, and the jobs table's health.", cmd_status)
     p.description = ("What the queue is doing: jobs by queue and status, due jobs and the "
             "oldest due job's age, expired leases waiting for the reaper, the next due time, "
             "failed (dead-letter) counts with their most common errors, table and index "
@@ -245,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the default when stdout is not a terminal; on a terminal the output is "
                    "a readable table).")
 
-    add("run-once", "Drain every due job once, run maintenance, print the run report, exit.",
+    add_fast("run-once", "Drain every due job once, run maintenance, print the run report, exit.",
         cmd_run_once)
 
     p = add("demo", "Run the whole flow on a throwaway embedded PostgreSQL (or "
@@ -315,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only-pid", metavar="PID", action="append",
                    help="Only these backend pids (repeatable or comma-separated).")
 
-    _add_ops_commands(sub, add)
+    _add_ops_commands(sub, add_fast)
     return parser
 
 

@@ -19,7 +19,7 @@ from drainer._redact import redact
 from drainer.errors import ConfigError, DatabaseUnavailable
 
 if TYPE_CHECKING:
-    from drainer.settings import Settings
+    from drainer.settings import AnySettings
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def regclass_literal(schema: str, table: str) -> str:
     return '"{}"."{}"'.format(schema.replace('"', '""'), table.replace('"', '""'))
 
 
-def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[Any]:
+def connect(settings: AnySettings, *, purpose: str = "work") -> psycopg.Connection[Any]:
     """Open one autocommit connection with drainer's session settings.
 
     Retries with exponential backoff (0.5 s, 1 s, 2 s, ...) while the server cannot be

@@ -22,7 +22,7 @@ from drainer.errors import ConfigError, DrainerError
 
 if TYPE_CHECKING:
     from drainer.db import Queries
-    from drainer.settings import Settings
+    from drainer.settings import AnySettings
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class JobNotFound(DrainerError):
 
 
 @contextmanager
-def _queries(settings: Settings) -> Iterator[Queries]:
+def _queries(settings: AnySettings) -> Iterator[Queries]:
     """One connection, schema checked, closed on exit."""
     from drainer.db import Queries, connect
     from drainer.migrate import check_schema
@@ -69,7 +69,7 @@ def _ids(ids: Sequence[int]) -> list[int]:
 # -- jobs and show --------------------------------------------------------------------------------
 
 
-def list_jobs(settings: Settings, *, queue: str | None = None, status: str | None = None,
+def list_jobs(settings: AnySettings, *, queue: str | None = None, status: str | None = None,
               limit: int = DEFAULT_LIST_LIMIT) -> list[dict[str, Any]]:
     """The newest ``limit`` jobs, of one queue and/or status when given."""
     if status is not None and status not in STATUSES:
@@ -81,7 +81,7 @@ def list_jobs(settings: Settings, *, queue: str | None = None, status: str | Non
     return [_row(r) for r in rows]
 
 
-def get_job(settings: Settings, job_id: int) -> dict[str, Any]:
+def get_job(settings: AnySettings, job_id: int) -> dict[str, Any]:
     """One job with every column and its full last_error; JobNotFound when absent."""
     with _queries(settings) as q:
         rows = q.fetch_dicts("job_get", {"id": job_id})
@@ -93,7 +93,7 @@ def get_job(settings: Settings, job_id: int) -> dict[str, Any]:
 # -- retry ----------------------------------------------------------------------------------------
 
 
-def retry_jobs(settings: Settings, *, ids: Sequence[int] | None = None,
+def retry_jobs(settings: AnySettings, *, ids: Sequence[int] | None = None,
                queue: str | None = None, all_failed: bool = False,
                dry_run: bool = False) -> dict[str, Any]:
     """Failed jobs back to queued, attempts reset to 0, due now.
@@ -181,7 +181,7 @@ def _explain(q: Queries, ids: list[int] | None, plan: list[dict[str, Any]]
 # -- cancel ---------------------------------------------------------------------------------------
 
 
-def cancel_jobs(settings: Settings, ids: Sequence[int], *, dry_run: bool = False
+def cancel_jobs(settings: AnySettings, ids: Sequence[int], *, dry_run: bool = False
                 ) -> dict[str, Any]:
     """Queued and running jobs -> failed with last_error 'cancelled'.
 
@@ -227,7 +227,7 @@ def cancel_jobs(settings: Settings, ids: Sequence[int], *, dry_run: bool = False
 # -- purge ----------------------------------------------------------------------------------------
 
 
-def purge_jobs(settings: Settings, *, status: str, older_than: float,
+def purge_jobs(settings: AnySettings, *, status: str, older_than: float,
                dry_run: bool = False) -> dict[str, Any]:
     """Delete ``status`` jobs (done or failed) finished more than ``older_than`` seconds ago,
     in batches of ``archive_batch_size`` rows a statement."""
@@ -320,32 +320,32 @@ def render_counts(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def jobs_command(args: argparse.Namespace, settings: Settings) -> int:
+def jobs_command(args: argparse.Namespace, settings: AnySettings) -> int:
     rows = list_jobs(settings, queue=args.job_queue, status=args.status, limit=args.limit)
     _emit(args, rows, render_jobs)
     return 0
 
 
-def show_command(args: argparse.Namespace, settings: Settings) -> int:
+def show_command(args: argparse.Namespace, settings: AnySettings) -> int:
     _emit(args, get_job(settings, args.id), render_job)
     return 0
 
 
-def retry_command(args: argparse.Namespace, settings: Settings) -> int:
+def retry_command(args: argparse.Namespace, settings: AnySettings) -> int:
     report = retry_jobs(settings, ids=args.ids, queue=args.job_queue,
                         all_failed=args.all_failed, dry_run=args.dry_run)
     _emit(args, report, render_counts)
     return 0
 
 
-def cancel_command(args: argparse.Namespace, settings: Settings) -> int:
+def cancel_command(args: argparse.Namespace, settings: AnySettings) -> int:
     report = cancel_jobs(settings, args.ids, dry_run=args.dry_run)
     _emit(args, report, render_counts)
     return 0
 
 
-def purge_command(args: argparse.Namespace, settings: Settings) -> int:
-    from drainer.settings import parse_duration
+def purge_command(args: argparse.Namespace, settings: AnySettings) -> int:
+    from drainer._settings_core import parse_duration
 
     try:
         older_than = float(parse_duration(args.older_than))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from drainer.settings import Settings
+if TYPE_CHECKING:
+    from drainer.settings import AnySettings
 
 
-def collect_status(settings: Settings) -> dict[str, Any]:
+def collect_status(settings: AnySettings) -> dict[str, Any]:
     """Counts by queue and status, due work, expired leases, dead letters, table health."""
     from drainer.db import Queries, connect
     from drainer.migrate import check_schema
@@ -134,7 +135,7 @@ def wants_json(args: argparse.Namespace) -> bool:
         return True
 
 
-def status_command(args: argparse.Namespace, settings: Settings) -> int:
+def status_command(args: argparse.Namespace, settings: AnySettings) -> int:
     import json
 
     st = collect_status(settings)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from drainer.db import Queries
 
 if TYPE_CHECKING:
-    from drainer.settings import Settings
+    from drainer.settings import AnySettings
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class ArchiveResult:
     statements: int
 
 
-def run_once(queries: Queries, settings: Settings, *, deadline: float | None = None
+def run_once(queries: Queries, settings: AnySettings, *, deadline: float | None = None
              ) -> ArchiveResult:
     """Archive ``done`` jobs finished more than ``archive_after`` ago and ``failed`` jobs
     (the dead-letter queue) finished more than ``failed_retention`` ago.
@@ -50,7 +50,7 @@ def run_once(queries: Queries, settings: Settings, *, deadline: float | None = N
                                  counts["failed"], statements), move)
 
 
-def run_once_after(queries: Queries, settings: Settings, done: int, failed: int,
+def run_once_after(queries: Queries, settings: AnySettings, done: int, failed: int,
                    *, deadline: float | None = None) -> ArchiveResult:
     """The archiver after finish_run deleted a first batch of ``done`` and ``failed`` jobs:
     goes on only when a batch came back full (archive-mode delete)."""

@@ -118,6 +118,28 @@ def test_exit_codes(pg_url: str, schema: str) -> None:
     assert left == (0,)  # all or nothing
 
 
+def test_short_commands_start_without_pydantic(pg_url: str, schema: str) -> None:
+    """run-once and status check their settings without importing pydantic (start-up
+    time); a value the fast check refuses still gets pydantic's one-line error."""
+    assert run_cli(["migrate"], pg_url=pg_url, schema=schema).returncode == 0
+    for args in (["run-once", "--app", "sample_jobs", "--queue", "noop", "--lease", "15m"],
+                 ["status", "--json"]):
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "drainer", *args], capture_output=True,
+            text=True, timeout=120, env=cli_env(pg_url, schema), cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        imported = [ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines()
+                    if ln.startswith("import time:")]
+        assert "drainer.cli" in imported and "psycopg" in imported
+        assert not [m for m in imported if m.startswith("pydantic")], args
+    proc = run_cli(["run-once", "--app", "sample_jobs", "--lease", "15 minutes"],
+                   pg_url=pg_url, schema=schema)
+    assert proc.returncode == 2
+    assert _one_line_error(proc) == (
+        "drainer run-once: invalid setting --lease / DRAINER_LEASE: Value error, not a "
+        "duration: '15 minutes' (use seconds or 30s, 15m, 12h, 7d)")
+
+
 def test_sigterm_releases_unstarted_jobs(pg_url: str, schema: str,
                                          conn: psycopg.Connection[Any]) -> None:
     run_cli(["migrate"], pg_url=pg_url, schema=schema)
