@@ -361,6 +361,9 @@ class ClaimPipeline:
         self.statement: bytes | None = None if queries.conn.prepare_threshold is None else \
             f"drainer_{self.NAME}_{id(self):x}".encode()
         self.prepared = False
+        # prepared: ask for the generic plan (see queries.sql, generic_plan_for_this_transaction)
+        self.generic = self.statement is not None
+        self.generic_plan = queries.text("generic_plan_for_this_transaction").encode()
         self.in_flight = 0
         self._loaders: dict[int, Callable[[bytes], Any]] = {}
 
@@ -386,6 +389,8 @@ class ClaimPipeline:
                   "batch_size": str(int(batch_size)).encode(),
                   "lease": repr(float(lease)).encode()}
         params: list[bytes | None] = [values[n] for n in self.names]
+        if self.generic:
+            pgconn.send_query_params(self.generic_plan, None)
         if self.statement is None:
             pgconn.send_query_params(self.text.encode(), params)
         else:
@@ -400,6 +405,7 @@ class ClaimPipeline:
         if not self.in_flight:
             raise RuntimeError("no statement in flight")
         pgconn = self.pgconn
+        setting = _results(pgconn) if self.generic else []
         results = _results(pgconn)
         sync = _next_result(pgconn)
         self.in_flight -= 1
@@ -409,6 +415,8 @@ class ClaimPipeline:
             pgconn.exit_pipeline_mode()
         written: set[int] = set()
         rows: list[ClaimedRow] = []
+        for res in setting:
+            _check(res, self.encoding)
         for res in results:
             _check(res, self.encoding)
             if not res.ntuples:

@@ -52,9 +52,11 @@ def test_statements_in_flight_are_read_in_order_and_each_commits(
         assert all(r.queue == "a" and r.attempts == 1 and r.locked_until > r.run_at
                    for r in first + second + third)
         # the connection is free again for ordinary statements
-        names = work.execute("SELECT count(*) FROM pg_prepared_statements "
-                             "WHERE name LIKE 'drainer_%'").fetchone()
-        assert names == ((1,) if prepared else (0,))
+        plans = work.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                             "WHERE name LIKE 'drainer_%'").fetchall()
+        # prepared: the generic plan every time (no re-planning), and no setting left behind
+        assert plans == ([(3, 0)] if prepared else [])
+        assert work.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
     assert _statuses(conn, schema) == {"done": 3, "running": 4}
 
 
