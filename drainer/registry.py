@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import sys
@@ -66,8 +67,9 @@ class Task:
     max_attempts: int | None = None
     transaction: bool = False
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
+        """Whether the handler is ``async def`` (asked once per task, not once per job)."""
         return inspect.iscoroutinefunction(self.func)
 
     @property
