@@ -7,10 +7,9 @@ import re
 import selectors
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 from psycopg import pq, sql
@@ -147,9 +146,8 @@ def _one_line(exc: BaseException) -> str:
     return redact(text)
 
 
-@dataclass(frozen=True)
-class ClaimedRow:
-    """A row returned by claim_batch."""
+class ClaimedRow(NamedTuple):
+    """A row returned by claim_batch (a named tuple: one is made per job claimed)."""
 
     id: int
     queue: str
