@@ -259,6 +259,24 @@ FIELDS: tuple[Spec, ...] = (
         le=1024,
     ),
     Spec(
+        name='pipeline_depth',
+        kind='int',
+        optional=False,
+        default=2,
+        env=('drainer_pipeline_depth',),
+        flag='--pipeline-depth',
+        scopes=('run',),
+        metavar='PIPELINE_DEPTH',
+        help=(
+            'Completion + claim statements in flight at once while batches run fast '
+            '(libpq pipeline mode): the server runs the next while this process runs '
+            'handlers. 1 sends one statement at a time. [default: 2] (env '
+            'DRAINER_PIPELINE_DEPTH)'
+        ),
+        ge=1,
+        le=8,
+    ),
+    Spec(
         name='lease',
         kind='seconds',
         optional=False,
@@ -652,6 +670,7 @@ class SettingsValues:
     queues: list[str] | None
     batch_size: int
     concurrency: int
+    pipeline_depth: int
     lease: float
     job_timeout: float | None
     max_runtime: float | None

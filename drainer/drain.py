@@ -38,6 +38,10 @@ HEARTBEAT_FRACTION = 1 / 3
 MAX_ERROR_CHARS = 4000
 #: With a progress line (a terminal), remaining due jobs are counted at most this often.
 PROGRESS_DUE_INTERVAL_S = 1.0
+#: Statements are pipelined (the next batch claimed while this one runs) only while a batch
+#: takes at most this long: then a round trip is a large share of a batch, and claiming ahead
+#: holds few jobs away from other drainers for little time.
+PIPELINE_MAX_BATCH_S = 0.1
 
 
 @dataclass
@@ -168,7 +172,7 @@ class _Heartbeat(threading.Thread):
         now = time.monotonic()
         with self.drain.lock:
             candidates = only if only is not None else [
-                r for r in self.drain.running.values()
+                r for r in [*self.drain.running.values(), *list(self.drain.pending)]
                 if not r.done and not r.lost and r.lease_expires - now < r.lease * (
                     1 - HEARTBEAT_FRACTION)
             ]
@@ -244,6 +248,17 @@ class _Drain:
         self._due_base: tuple[int, int] | None = None
         self.vacuumed_at = 0  # finished jobs at the last VACUUM during this drain
         self.may_vacuum: bool | None = None  # unknown until the first one is due
+        # claimed jobs that have not started (the heartbeat extends their leases too)
+        self.pending: deque[_Running] = deque()
+        self.cursor = 0  # index in `queues` of the next claim
+        self.exhausted = False  # nothing due was left at the last claim
+        # statements in flight (libpq pipeline mode): what each completes, claims, from where
+        self.pipe = db.ClaimPipeline(self.q)
+        self.pipe_depth = settings.pipeline_depth if db.ClaimPipeline.supported() else 1
+        self.sent: deque[tuple[list[_Outcome], int, int]] = deque()
+        self.pipe_stopped = False  # a pipelined claim came back short: claim in step again
+        self.batch_started: float | None = None  # when the batch in hand was handed over
+        self.last_batch_s: float | None = None  # how long the last batch took to run
 
     # -- logs -------------------------------------------------------------------------------------
     def job_extra(self, job: Job, **fields: Any) -> dict[str, Any]:
@@ -288,6 +303,7 @@ class _Drain:
         Returns the claimed rows, where the next round starts, and whether anything was
         claimed (transaction-mode batches are run and recorded right here).
         """
+        self.settle_pipeline()
         n = len(self.queues)
         for i in range(n if tries is None else tries):
             idx = (start + i) % n
@@ -303,6 +319,7 @@ class _Drain:
             rows = self.q.claim_batch(queue, size, self._lease(task))
             if rows:
                 self.report.claimed += len(rows)
+                self.pipe_stopped = len(rows) < size
                 # stay on a queue while it fills whole batches; move on when it runs dry
                 nxt = idx if len(rows) == size else (idx + 1) % n
                 return [(task, r) for r in rows], nxt, True
@@ -316,6 +333,7 @@ class _Drain:
     def flush_and_claim(self, start: int) -> tuple[list[tuple[Task, db.ClaimedRow]], int, bool]:
         """Write the buffered outcomes and claim the next batch, successes and the claim in
         one statement (one round trip and one commit a batch); see :meth:`claim_round`."""
+        self.settle_pipeline()
         if self.fail_buf:
             self._write_failed()
         n = len(self.queues)
@@ -343,11 +361,68 @@ class _Drain:
         self._show_progress()
         if rows:
             self.report.claimed += len(rows)
+            self.pipe_stopped = len(rows) < size
             nxt = start if len(rows) == size else (start + 1) % n
             return [(task, r) for r in rows], nxt, True
         if n == 1:
             return [], start, False
         return self.claim_round((start + 1) % n, n - 1)
+
+    # -- pipelining -------------------------------------------------------------------------------
+    def may_send(self) -> bool:
+        """Whether a completion + claim may go out now, ahead of the batch in hand."""
+        if (self.pipe_depth < 2 or self.pipe_stopped or self.exhausted or self.fail_buf
+                or len(self.sent) >= self.pipe_depth or self.settings.delete_on_complete
+                or self.registry.tasks[self.queues[self.cursor]].transaction
+                or self.last_batch_s is None or self.last_batch_s > PIPELINE_MAX_BATCH_S
+                or self.vacuum_due() or self.limit_reached()):
+            return False
+        return self._claim_size() - sum(size for _, size, _ in self.sent) > 0
+
+    def send(self) -> None:
+        """Send the buffered successes and the next claim without waiting for the result."""
+        queue = self.queues[self.cursor]
+        task = self.registry.tasks[queue]
+        size = min(self.settings.batch_size,
+                   self._claim_size() - sum(size for _, size, _ in self.sent))
+        buf, self.ok_buf = self.ok_buf, []
+        self.pipe.send([o.job.id for o in buf], [o.job.attempt for o in buf], queue, size,
+                       self._lease(task))
+        self.sent.append((buf, size, self.cursor))
+
+    def receive(self) -> None:
+        """Read the oldest statement in flight: count what it wrote, queue what it claimed."""
+        buf, size, idx = self.sent.popleft()
+        try:
+            written, rows = self.pipe.receive()
+        except psycopg.errors.DeadlockDetected as exc:
+            # it rolled back whole: nothing written, nothing claimed; write them again later
+            logger.warning("pipelined completion and claim deadlocked, writing again: %s",
+                           db._one_line(exc), extra={"run_id": self.report.run_id})
+            self.ok_buf = buf + self.ok_buf
+            self.pipe_stopped = True
+            return
+        self._count_written(buf, written)
+        task = self.registry.tasks[self.queues[idx]]
+        if rows:
+            self.report.claimed += len(rows)
+            self.pending.extend(self.make_job(task, r) for r in rows)
+        if len(rows) < size:
+            self.pipe_stopped = True  # the queue ran dry: the next claim goes in step
+        self._show_progress()
+
+    def settle_pipeline(self) -> None:
+        """Read every statement in flight, so that the connection can run another."""
+        error: psycopg.Error | None = None
+        while self.sent:
+            try:
+                self.receive()
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:  # read the rest first: their results count
+                error = error or exc
+        if error is not None:
+            raise error
 
     # -- vacuum during long drains ----------------------------------------------------------------
     def vacuum_due(self) -> bool:
@@ -361,6 +436,7 @@ class _Drain:
         """VACUUM between batches (no transaction open): claimed jobs leave dead entries at the
         head of the claim index, which every later claim walks until a VACUUM clears them
         (measured: the last 10% of a 200,000-job drain ran at half the rate of the first)."""
+        self.settle_pipeline()
         r = self.report
         self.vacuumed_at = r.succeeded + r.retried + r.failed
         if self.may_vacuum is None:
@@ -403,6 +479,8 @@ class _Drain:
 
     # -- running ----------------------------------------------------------------------------------
     def start(self, r: _Running) -> None:
+        if self.batch_started is None:
+            self.batch_started = time.monotonic()
         with self.lock:
             self.running[r.job.id] = r
         if r.timeout_at is not None:
@@ -471,6 +549,7 @@ class _Drain:
 
     def flush(self) -> None:
         """Write buffered outcomes, fenced, one statement per kind."""
+        self.settle_pipeline()
         if self.ok_buf:
             buf, self.ok_buf = self.ok_buf, []
             written = self.q.complete_many([o.job.id for o in buf], [o.job.attempt for o in buf],
@@ -494,7 +573,7 @@ class _Drain:
         """Redraw the progress line (a terminal only), with a fresh due count each second."""
         if self.progress is not None:
             now = time.monotonic()
-            if now - self._due_checked >= PROGRESS_DUE_INTERVAL_S:
+            if now - self._due_checked >= PROGRESS_DUE_INTERVAL_S and not self.sent:
                 self._due_checked = now
                 self._due_base = self.q.queue_summary(self.queues)[0], self.report.claimed
             if self._due_base is not None:  # between counts: minus what was claimed since
@@ -503,6 +582,7 @@ class _Drain:
             self.progress(self.report)
 
     def _write_failed(self) -> None:
+        self.settle_pipeline()
         if self.fail_buf:
             buf, self.fail_buf = self.fail_buf, []
             rows = self.q.fail_many(
@@ -563,24 +643,25 @@ class _Drain:
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> None:
-        pending: deque[_Running] = deque()
-        cursor = 0
-        exhausted = False
+        pending = self.pending
         concurrency = self.settings.concurrency
         self.heartbeat.start()
         try:
             while True:
                 limited = self.limit_reached()
-                if not limited and not exhausted and not pending:
-                    claimed, cursor, progressed = self.claim_round(cursor)
+                if not limited and not self.exhausted and not pending and not self.sent:
+                    claimed, self.cursor, progressed = self.claim_round(self.cursor)
                     pending.extend(self.make_job(t, r) for t, r in claimed)
-                    exhausted = not progressed
+                    self.exhausted = not progressed
                 if self.must_release():
                     # shutdown, or past the deadline: claimed jobs that have not started go
                     # back at once (running a whole batch could overrun a platform limit)
-                    self.release(pending, take_back=True)
+                    self.release(take_back=True)
                 while pending and self.in_flight() < self._slots(pending[0]):
                     self.start(pending.popleft())
+                if not pending and self.in_flight() and not self.sent and self.may_send():
+                    # the batch is handed over: claim the next while it runs
+                    self.send()
                 busy = self.in_flight()
                 full = not pending or busy >= self._slots(pending[0])
                 if busy and full and concurrency == 1 and self.pool is not None \
@@ -591,28 +672,44 @@ class _Drain:
                     self.collect(0)
                 else:
                     self.collect(0.05 if busy and full else 0)
+                idle = not pending and not self.in_flight()
+                if idle and self.batch_started is not None:
+                    self.last_batch_s = time.monotonic() - self.batch_started
+                    self.batch_started = None
+                if self.sent and not idle and self.batch_started is not None and \
+                        time.monotonic() - self.batch_started > PIPELINE_MAX_BATCH_S:
+                    # a slow batch: take the jobs claimed ahead out of the socket, where
+                    # the heartbeat could not extend their leases
+                    self.settle_pipeline()
+                if self.sent:
+                    if idle:
+                        # the batch in hand is done and the next was claimed while it ran:
+                        # send its successes (with another claim), then take the next batch
+                        if self.may_send():
+                            self.send()
+                        self.receive()
+                    continue
                 buffered = len(self.ok_buf) + len(self.fail_buf)
                 if buffered and (not pending or buffered >= self.settings.batch_size):
-                    idle = not pending and not self.in_flight()
-                    if (idle and not exhausted and self.can_flush_and_claim(cursor)
+                    if (idle and not self.exhausted and self.can_flush_and_claim(self.cursor)
                             and not self.vacuum_due() and not self.limit_reached()):
                         # the batch is finished and the next claim is due: one round trip
-                        claimed, cursor, progressed = self.flush_and_claim(cursor)
+                        claimed, self.cursor, progressed = self.flush_and_claim(self.cursor)
                         pending.extend(self.make_job(t, r) for t, r in claimed)
-                        exhausted = not progressed
+                        self.exhausted = not progressed
                         continue
                     self.flush()
-                    if idle and not exhausted and self.vacuum_due() and \
+                    if idle and not self.exhausted and self.vacuum_due() and \
                             self.conn.info.transaction_status == TransactionStatus.IDLE:
                         self.vacuum_between_batches()
                 if pending or self.in_flight():
                     if (self.must_release() or (limited and not pending)) and self.in_flight():
                         self.limit_reached()  # a signal may have come since the loop's top
-                        self.release(pending, take_back=self.must_release())
+                        self.release(take_back=self.must_release())
                         self.wait_grace()
                         break
                     continue
-                if exhausted or limited:
+                if self.exhausted or limited:
                     break
         finally:
             self.flush()
@@ -640,11 +737,12 @@ class _Drain:
             return concurrency
         return concurrency + (self.settings.batch_size if concurrency == 1 else concurrency)
 
-    def release(self, pending: deque[_Running], take_back: bool = False) -> None:
+    def release(self, take_back: bool = False) -> None:
         """Give back the claimed jobs that did not start (with ``take_back``, also those
         queued to handler threads but not picked up yet), without using up an attempt."""
-        jobs = list(pending)
-        pending.clear()
+        self.settle_pipeline()
+        jobs = list(self.pending)
+        self.pending.clear()
         if self.pool is not None and take_back:
             taken = self.pool.take_back()
             with self.lock:
@@ -666,7 +764,7 @@ class _Drain:
             self.collect(min(0.1, max(0.0, until - time.monotonic())))
             if self.ok_buf or self.fail_buf:
                 self.flush()
-        self.release(deque(), take_back=True)
+        self.release(take_back=True)
         with self.lock:
             left = [r for r in self.running.values() if not r.done]
         for r in left:

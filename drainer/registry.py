@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import sys
@@ -15,6 +16,31 @@ from drainer.errors import ConfigError
 
 if TYPE_CHECKING:
     import psycopg
+
+
+class CancelEvent(threading.Event):
+    """A ``threading.Event`` whose lock and condition are made on first use.
+
+    A drain makes one per job and almost never sets or waits on it: making the condition
+    only when someone sets or waits (``is_set`` needs none) saves most of the event's cost
+    per job. It behaves exactly as ``threading.Event``.
+    """
+
+    _made = threading.Lock()
+
+    def __init__(self) -> None:  # not super().__init__(), which makes the condition
+        self._flag = False
+        self._lazy_cond: threading.Condition | None = None
+
+    @property
+    def _cond(self) -> threading.Condition:
+        cond = self._lazy_cond
+        if cond is None:
+            with CancelEvent._made:
+                if self._lazy_cond is None:
+                    self._lazy_cond = threading.Condition(threading.Lock())
+                cond = self._lazy_cond
+        return cond
 
 
 class JobCancelled(Exception):
@@ -32,7 +58,7 @@ class Job:
     max_attempts: int
     deadline: datetime | None
     """When the handler's time is up: its timeout, else its lease (extended by heartbeats)."""
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=CancelEvent)
     """Set when the lease was lost (reaped, cancelled) or shutdown began: stop soon."""
     conn: psycopg.Connection[Any] | None = None
     """The claim's connection, inside its transaction (``transaction=True`` tasks only)."""
@@ -66,8 +92,9 @@ class Task:
     max_attempts: int | None = None
     transaction: bool = False
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
+        """Whether the handler is ``async def`` (asked once per task, not once per job)."""
         return inspect.iscoroutinefunction(self.func)
 
     @property

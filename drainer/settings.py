@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 DEFAULT_SCHEMA = "drainer"
 DEFAULT_TABLE = "jobs"
 DEFAULT_BATCH_SIZE = 10
+DEFAULT_PIPELINE_DEPTH = 2
 DEFAULT_LEASE_S = 300.0
 DEFAULT_GRACE_S = 30.0
 DEFAULT_ARCHIVE_AFTER_S = 7 * 86400.0
@@ -159,6 +160,12 @@ class Settings(BaseSettings):
     batch_size: int = _opt(DEFAULT_BATCH_SIZE, "Jobs claimed per statement.", "run", gt=0,
                            le=10_000)
     concurrency: int = _opt(1, "Handlers running at once (threads).", "run", gt=0, le=1024)
+    pipeline_depth: int = _opt(
+        DEFAULT_PIPELINE_DEPTH,
+        "Completion + claim statements in flight at once while batches run fast (libpq "
+        "pipeline mode): the server runs the next while this process runs handlers. 1 sends "
+        "one statement at a time.", "run", ge=1, le=8,
+    )
     lease: Seconds = _opt(
         DEFAULT_LEASE_S, "Lease of a claimed job in seconds (locked_until = now() + lease).",
         "run", gt=0,

@@ -86,6 +86,16 @@ UNION ALL
 SELECT 'claimed', id, queue, payload, attempts, max_attempts, priority, run_at, locked_until
 FROM claimed;
 
+-- name: generic_plan_for_this_transaction
+-- Sent just before each pipelined complete_many_and_claim, with no Sync between, so that it
+-- holds for that statement's implicit transaction only (nothing leaks into the session, which
+-- a pooler may hand to another client). PostgreSQL re-plans a prepared statement on every
+-- execution while the custom plan looks cheaper than the generic one, and for this statement
+-- it always does (the generic plan guesses LIMIT $n at 10% of the rows): planning was 0.17 ms
+-- of the 0.42 ms the server spent on each execution here. The generic plan is the same index
+-- scan that stops after the batch (tests/integration/test_claim_plan.py checks both).
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
+
 -- name: delete_completed_many
 -- Like complete_many, for delete-on-complete: the row goes, no history is kept.
 DELETE FROM {jobs} j

@@ -5,16 +5,31 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+
+import psycopg
+from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def test_awake_bench_smoke(pg_url: str, tmp_path: Path) -> None:
     out = tmp_path / "awake.json"
+    prefix = f"drainer_awake_smoke_{uuid.uuid4().hex[:8]}"  # runs of the suite may overlap
+    try:
+        _smoke(pg_url, prefix, out)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for contender in ("floor", "known_work"):
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(f"{prefix}_{contender}")))
+
+
+def _smoke(pg_url: str, prefix: str, out: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench.awake", "--server", pg_url, "--database",
-         "drainer_awake_smoke", "--window", "8", "--idle-timeout", "1", "--warmup", "1.5",
+         prefix, "--window", "8", "--idle-timeout", "1", "--warmup", "1.5",
          "--only", "floor,known-work", "--parallel", "--json", str(out)],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )

@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 
 from drainer import Job, run_once
-from drainer.db import Queries
+from drainer.db import ClaimPipeline, Queries
 from drainer.producer import JobSpec, enqueue, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings
@@ -472,7 +472,53 @@ def test_a_deadlocked_combined_statement_falls_back_to_two(
         return real(self, *args, **kw)
 
     monkeypatch.setattr(Queries, "complete_many_and_claim", deadlock_once)
-    report = run_once(migrated, registry=registry)
+    in_step = migrated.model_copy(update={"pipeline_depth": 1})  # one statement at a time
+    report = run_once(in_step, registry=registry)
     assert calls["n"] >= 3
     assert (report.claimed, report.succeeded, report.lost) == (35, 35, 0)
     assert sorted(ran) == sorted(set(ran)) and len(ran) == 35
+
+
+def test_a_deadlocked_pipelined_statement_is_written_again(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipelined completion + claim that the server rolls back (a real error with the
+    deadlock SQLSTATE) neither loses its completions nor stops the statements behind it."""
+    ran: list[int] = []
+
+    @registry.task("d")
+    def handler(job: Job) -> None:
+        ran.append(job.id)
+
+    schema = migrated.schema_name
+    conn.execute(sql.SQL(
+        "CREATE FUNCTION {}() RETURNS int LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'deadlock detected (simulated)' USING ERRCODE = '40P01'; END $$"
+    ).format(sql.Identifier(schema, "fake_deadlock")))
+    enqueue_many(conn, [JobSpec("d", {}) for _ in range(95)], schema=schema)
+    real = ClaimPipeline.send
+    calls = {"n": 0, "failed_with": 0}
+
+    def deadlock_once(self: ClaimPipeline, ids: list[int], *args: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            saved = self.text, self.names, self.statement
+            self.text = sql.SQL("SELECT {}()").format(
+                sql.Identifier(schema, "fake_deadlock")).as_string(conn)
+            self.names, self.statement = [], None
+            calls["failed_with"] = len(ids)
+            try:
+                real(self, ids, *args)
+            finally:
+                self.text, self.names, self.statement = saved
+            return
+        real(self, ids, *args)
+
+    monkeypatch.setattr(ClaimPipeline, "send", deadlock_once)
+    report = run_once(migrated, registry=registry)
+    assert calls["n"] >= 5 and calls["failed_with"] == 10  # it carried a batch's successes
+    assert (report.claimed, report.succeeded, report.lost) == (95, 95, 0)
+    assert sorted(ran) == sorted(set(ran)) and len(ran) == 95
+    done = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'done'").format(
+        sql.Identifier(schema, "jobs"))).fetchone()
+    assert done == (95,)
