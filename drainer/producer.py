@@ -16,7 +16,7 @@ from drainer.db import QUERIES, identifiers
 from drainer.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_SCHEMA, DEFAULT_TABLE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class JobSpec:
     """One job to enqueue in bulk."""
 
@@ -26,6 +26,19 @@ class JobSpec:
     priority: int = 0
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     dedup_key: str | None = None
+
+    def __init__(self, queue: str, payload: Any, run_at: datetime | None = None,
+                 priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                 dedup_key: str | None = None) -> None:
+        # What the generated frozen __init__ does, without looking up
+        # object.__setattr__ once a field: bulk producers build one JobSpec per job.
+        _set = object.__setattr__
+        _set(self, "queue", queue)
+        _set(self, "payload", payload)
+        _set(self, "run_at", run_at)
+        _set(self, "priority", priority)
+        _set(self, "max_attempts", max_attempts)
+        _set(self, "dedup_key", dedup_key)
 
 
 @dataclass(frozen=True)
@@ -99,12 +112,19 @@ def enqueue_many(
     ON CONFLICT DO NOTHING, so duplicates are skipped and counted.
     """
     specs = [j if type(j) is JobSpec else _spec(j) for j in jobs]
-    bad = next((s for s in specs if not s.queue or s.max_attempts < 1), None)
-    if bad is not None:
-        _check(bad.queue, bad.max_attempts)  # raises the ValueError that names the problem
+    # One pass before anything is written: the first bad job fails the batch, and the
+    # pass notes which COPY the batch needs.
+    timed = keyed = False
+    for s in specs:
+        if not s.queue or s.max_attempts < 1:
+            _check(s.queue, s.max_attempts)  # raises the ValueError that names the problem
+        if s.run_at is not None:
+            timed = True
+        if s.dedup_key is not None:
+            keyed = True
     if not specs:
         return EnqueueResult(0, 0)
-    if all(s.dedup_key is None and s.run_at is None for s in specs):
+    if not timed and not keyed:
         # The common bulk case: run_at is left out of the COPY, so the column default
         # (now(), the transaction's start, as SELECT now() would give) fills it, and
         # dedup_key stays NULL: four columns a row instead of six, no extra round trip.
@@ -122,7 +142,7 @@ def enqueue_many(
     types = ["text", "jsonb", "timestamptz", "int4", "int4", "text"]
     with _atomic(conn):
         cur = conn.cursor()
-        if all(s.dedup_key is None for s in specs):
+        if not keyed:
             if any(s.run_at is None for s in specs):
                 # COPY does not apply column defaults to NULLs: fill run_at with now().
                 now = cur.execute("SELECT now()").fetchone()
@@ -142,3 +162,4 @@ def enqueue_many(
         inserted = cur.rowcount
         cur.execute("DROP TABLE drainer_enqueue_stage")
     return EnqueueResult(inserted, len(rows) - inserted)
+
