@@ -1,14 +1,60 @@
-"""JobSpec keeps the frozen dataclass behaviour."""
+"""JobSpec keeps the frozen dataclass behaviour; the batch JSON encoder is json.dumps."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import pickle
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from drainer.producer import JobSpec
+from drainer.producer import JobSpec, _json_encoder
 from drainer.settings import DEFAULT_MAX_ATTEMPTS
+
+# Text with every code point, lone surrogates included (json.dumps escapes them).
+_TEXT = st.text(st.characters(blacklist_categories=()), max_size=12)
+_SCALARS = (st.none() | st.booleans() | st.integers() | st.integers(min_value=2**63)
+            | st.floats(allow_nan=True, allow_infinity=True) | _TEXT)
+_JSON = st.recursive(
+    _SCALARS,
+    lambda inner: (st.lists(inner, max_size=4) | st.tuples(inner, inner)
+                   | st.dictionaries(_TEXT | st.integers() | st.booleans() | st.none()
+                                     | st.floats(allow_nan=False), inner, max_size=4)),
+    max_leaves=12)
+
+
+@settings(max_examples=400)
+@given(st.lists(_JSON, max_size=5))
+def test_the_batch_encoder_writes_what_json_dumps_writes(payloads: list[Any]) -> None:
+    encode = _json_encoder()  # one encoder for the whole batch, as enqueue_many uses it
+    assert [encode(p) for p in payloads] == [json.dumps(p) for p in payloads]
+
+
+def _error(fn: Any, value: Any) -> tuple[type[BaseException], str]:
+    with pytest.raises(Exception) as info:
+        fn(value)
+    return info.type, str(info.value)
+
+
+@pytest.mark.parametrize("bad", [
+    {1, 2}, {"a": [object()]}, {(1, 2): 1}, b"bytes", [1, {"x": complex(1, 2)}],
+])
+def test_the_batch_encoder_fails_as_json_dumps_does(bad: Any) -> None:
+    assert _error(_json_encoder(), bad) == _error(json.dumps, bad)
+
+
+def test_the_batch_encoder_finds_circular_references_and_starts_clean() -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    assert _error(_json_encoder(), loop) == _error(json.dumps, loop)
+    shared = {"a": 1}
+    encode = _json_encoder()  # the same object in many payloads is not a cycle
+    assert [encode([shared, shared]) for _ in range(3)] == [json.dumps([shared, shared])] * 3
+    assert encode(math.inf) == "Infinity" and encode("\u2603") == '"\\u2603"'
 
 
 def test_jobspec_is_the_same_frozen_dataclass() -> None:
