@@ -21,7 +21,7 @@ from drainer.db import QUERIES, identifiers
 from drainer.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_SCHEMA, DEFAULT_TABLE
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, slots=True, init=False)
 class JobSpec:
     """One job to enqueue in bulk."""
 
@@ -35,15 +35,21 @@ class JobSpec:
     def __init__(self, queue: str, payload: Any, run_at: datetime | None = None,
                  priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
                  dedup_key: str | None = None) -> None:
-        # What the generated frozen __init__ does, without looking up
-        # object.__setattr__ once a field: bulk producers build one JobSpec per job.
-        _set = object.__setattr__
-        _set(self, "queue", queue)
-        _set(self, "payload", payload)
-        _set(self, "run_at", run_at)
-        _set(self, "priority", priority)
-        _set(self, "max_attempts", max_attempts)
-        _set(self, "dedup_key", dedup_key)
+        # What the generated frozen __init__ does, through the slots' own setters rather
+        # than object.__setattr__ once a field: bulk producers build one JobSpec per job.
+        q, p, r, pr, m, d = _JOBSPEC_SETTERS
+        q(self, queue)
+        p(self, payload)
+        r(self, run_at)
+        pr(self, priority)
+        m(self, max_attempts)
+        d(self, dedup_key)
+
+
+#: The slot setters of JobSpec's fields, in order (they bypass the frozen __setattr__).
+_JOBSPEC_SETTERS: tuple[Callable[[JobSpec, Any], None], ...] = tuple(
+    getattr(JobSpec, f).__set__ for f in
+    ("queue", "payload", "run_at", "priority", "max_attempts", "dedup_key"))
 
 
 @dataclass(frozen=True)
