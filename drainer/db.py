@@ -317,6 +317,9 @@ class Queries:
     def vacuum_during_drain(self) -> None:
         self._exec("vacuum_during_drain")
 
+    def vacuum_after_drain(self) -> None:
+        self._exec("vacuum_after_drain")
+
     def table_health(self) -> dict[str, Any]:
         cur = self.conn.cursor(row_factory=dict_row)
         cur.execute(self._sql["table_health"], {"regclass": self.regclass})

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg import sql
-
-from drainer.db import Queries, identifiers
+from drainer.db import Queries
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +42,6 @@ def run_once(queries: Queries, threshold: int, health: Mapping[str, Any] | None 
         logger.warning("skipping VACUUM of %s.%s with %d dead tuples: %s", queries.schema,
                        queries.table, dead, reason)
         return VacuumResult(False, dead, last_auto, reason)
-    stmt = sql.SQL("VACUUM (ANALYZE) {}").format(
-        identifiers(queries.schema, queries.table)["jobs"])
-    queries.conn.execute(stmt)
+    queries.vacuum_after_drain()
     logger.info("vacuumed %s.%s (%d dead tuples)", queries.schema, queries.table, dead)
     return VacuumResult(True, dead, last_auto)

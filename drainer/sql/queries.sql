@@ -235,6 +235,13 @@ CROSS JOIN (
 ) q
 WHERE c.oid = %(regclass)s::regclass;
 
+-- name: vacuum_after_drain
+-- The end of a run that left n_dead_tup >= --vacuum-threshold: a compute that suspends soon
+-- may never give autovacuum the time, and the next drain would walk the dead entries.
+-- ANALYZE too: the planner's idea of how many rows are queued or running moves a lot in
+-- one drain.
+VACUUM (ANALYZE) {jobs};
+
 -- name: vacuum_during_drain
 -- A plain VACUUM between batches of a long drain: it clears the dead entries that claimed
 -- jobs leave at the head of the claim index (each claim walks them until a VACUUM).
