@@ -239,8 +239,8 @@ class Queries:
     ) -> tuple[set[int], list[ClaimedRow]]:
         """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
         cur = self._exec("complete_many_and_claim", {
-            "ids": list(ids), "attempts": list(attempts), "queue": queue,
-            "batch_size": batch_size, "lease": lease,
+            "ids": list(ids), "attempts": list(attempts), "running": "running",
+            "queue": queue, "batch_size": batch_size, "lease": lease,
         })
         written: set[int] = set()
         rows: list[ClaimedRow] = []
@@ -386,7 +386,7 @@ class ClaimPipeline:
                 self.prepared = True
             pgconn.enter_pipeline_mode()
         values = {"ids": _int_array(ids), "attempts": _int_array(attempts),
-                  "queue": queue.encode(self.encoding),
+                  "running": b"running", "queue": queue.encode(self.encoding),
                   "batch_size": str(int(batch_size)).encode(),
                   "lease": repr(float(lease)).encode()}
         params: list[bytes | None] = [values[n] for n in self.names]

@@ -57,11 +57,17 @@ RETURNING j.id;
 -- drainer's running job while its own completion waited on a third: with 8 drainers that
 -- cycle was seen as "deadlock detected". Completion first, the only statement that can wait
 -- is one that holds no such lock yet, and the claim part (SKIP LOCKED) never waits.
+--
+-- The status of the completion is a parameter, always 'running': as a generic plan (the
+-- pipelined drain asks for one) a literal lets the planner use the lease index
+-- (WHERE status = 'running') and join every running row with every completed id, which
+-- costs running x batch comparisons (measured: 13 ms for a batch of 200 with 400 running);
+-- with a parameter the rows are found by primary key, one probe per id.
 WITH done AS (
   UPDATE {jobs} j
   SET status = 'done', locked_until = NULL, finished_at = now()
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempts)
-  WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+  WHERE j.id = o.id AND j.status = %(running)s::text AND j.attempts = o.attempts
   RETURNING j.id
 ), next AS (
   SELECT id FROM {jobs}

@@ -19,7 +19,8 @@ from drainer.db import Queries
 from drainer.settings import Settings
 
 QUEUES = [f"q{i}" for i in range(5)]
-PARAMS = {"batch_size": 10, "lease": 300.0, "ids": [1, 2], "attempts": [1, 1]}
+PARAMS = {"batch_size": 10, "lease": 300.0, "ids": [1, 2], "attempts": [1, 1],
+          "running": "running"}
 
 
 @pytest.fixture
@@ -95,8 +96,12 @@ def test_claim_is_an_index_scan_per_queue(loaded: Settings, conn: psycopg.Connec
     _assert_index_claim(_explain_generic(
         conn, q.text("claim_batch"), ["queue", "batch_size", "lease"],
         ["text", "int8", "float8"], values), index, "claim generic")
-    _assert_index_claim(_explain_generic(
+    generic = _explain_generic(
         conn, q.text("complete_many_and_claim"),
-        ["ids", "attempts", "queue", "batch_size", "lease"],
-        ["bigint[]", "int[]", "text", "int8", "float8"], values), index,
-        "complete+claim generic")
+        ["ids", "attempts", "running", "queue", "batch_size", "lease"],
+        ["bigint[]", "int[]", "text", "text", "int8", "float8"], values)
+    _assert_index_claim(generic, index, "complete+claim generic")
+    # the completion finds its rows by primary key, never by walking the lease index
+    # (every running row times every completed id, as a generic plan with a literal did)
+    used = {n.get("Index Name") for _p, n in _nodes(generic)}
+    assert f"{loaded.table}_lease_idx" not in used and f"{loaded.table}_pkey" in used, used
