@@ -317,8 +317,8 @@ class Queries:
     def vacuum_during_drain(self) -> None:
         self._exec("vacuum_during_drain")
 
-    def vacuum_after_drain(self) -> None:
-        self._exec("vacuum_after_drain")
+    def vacuum_after_drain(self, analyze: bool = True) -> None:
+        self._exec("vacuum_after_drain" if analyze else "vacuum_after_drain_keep_stats")
 
     def table_health(self) -> dict[str, Any]:
         cur = self.conn.cursor(row_factory=dict_row)

@@ -13,6 +13,12 @@ from drainer.db import Queries
 
 logger = logging.getLogger(__name__)
 
+#: ANALYZE with the VACUUM when more rows changed since the last ANALYZE than this many plus
+#: ANALYZE_SCALE of the table: autovacuum's own rule (autovacuum_analyze_threshold and
+#: autovacuum_analyze_scale_factor at their defaults).
+ANALYZE_BASE = 50
+ANALYZE_SCALE = 0.1
+
 
 @dataclass(frozen=True)
 class VacuumResult:
@@ -20,11 +26,21 @@ class VacuumResult:
     n_dead_tup: int | None
     last_autovacuum: datetime | None
     skipped_reason: str | None = None
+    analyzed: bool = False
+
+
+def wants_analyze(health: Mapping[str, Any]) -> bool:
+    """Whether autovacuum would ANALYZE the table now (also when its stats are unknown)."""
+    changed, rows = health.get("n_mod_since_analyze"), health.get("reltuples")
+    if changed is None or rows is None or rows < 0:  # no statistics yet: never analyzed
+        return True
+    return bool(changed > ANALYZE_BASE + ANALYZE_SCALE * rows)
 
 
 def run_once(queries: Queries, threshold: int, health: Mapping[str, Any] | None = None
              ) -> VacuumResult:
-    """VACUUM (ANALYZE) the table when n_dead_tup >= threshold (0 disables).
+    """VACUUM the table when n_dead_tup >= threshold (0 disables); ANALYZE it too when
+    autovacuum would (:func:`wants_analyze`).
 
     ``health`` is a table_health row already read (by finish_run), else it is read here.
     Only the table's owner may vacuum it (PostgreSQL 17 adds the MAINTAIN privilege); a
@@ -42,6 +58,8 @@ def run_once(queries: Queries, threshold: int, health: Mapping[str, Any] | None 
         logger.warning("skipping VACUUM of %s.%s with %d dead tuples: %s", queries.schema,
                        queries.table, dead, reason)
         return VacuumResult(False, dead, last_auto, reason)
-    queries.vacuum_after_drain()
-    logger.info("vacuumed %s.%s (%d dead tuples)", queries.schema, queries.table, dead)
-    return VacuumResult(True, dead, last_auto)
+    analyze = wants_analyze(health)
+    queries.vacuum_after_drain(analyze=analyze)
+    logger.info("vacuumed %s%s.%s (%d dead tuples)", "and analyzed " if analyze else "",
+                queries.schema, queries.table, dead)
+    return VacuumResult(True, dead, last_auto, analyzed=analyze)

@@ -196,6 +196,7 @@ WHERE status = 'queued' AND queue = ANY(%(queues)s);
 -- owner, or with the MAINTAIN privilege of PostgreSQL 17+ (the CASE keeps older servers,
 -- which reject the privilege name, from evaluating it).
 SELECT s.n_dead_tup, s.n_live_tup, s.last_autovacuum, s.last_vacuum,
+       s.n_mod_since_analyze, c.reltuples,
        pg_has_role(current_user, c.relowner, 'USAGE')
        OR CASE WHEN current_setting('server_version_num')::int >= 170000
                THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS can_vacuum
@@ -226,6 +227,7 @@ WITH done_gone AS (
 SELECT (SELECT count(*) FROM done_gone) AS archived_done,
        (SELECT count(*) FROM failed_gone) AS archived_failed,
        s.n_dead_tup, s.n_live_tup, s.last_autovacuum, s.last_vacuum,
+       s.n_mod_since_analyze, c.reltuples,
        -- as in table_health: owner, or MAINTAIN on PostgreSQL 17+
        pg_has_role(current_user, c.relowner, 'USAGE')
        OR CASE WHEN current_setting('server_version_num')::int >= 170000
@@ -244,9 +246,16 @@ WHERE c.oid = %(regclass)s::regclass;
 -- name: vacuum_after_drain
 -- The end of a run that left n_dead_tup >= --vacuum-threshold: a compute that suspends soon
 -- may never give autovacuum the time, and the next drain would walk the dead entries.
--- ANALYZE too: the planner's idea of how many rows are queued or running moves a lot in
--- one drain.
+-- ANALYZE too when autovacuum would analyze (rows changed since the last ANALYZE > 50 +
+-- 10% of the table): the planner's idea of how many rows are queued or running moves a lot
+-- in one drain of a small table.
 VACUUM (ANALYZE) {jobs};
+
+-- name: vacuum_after_drain_keep_stats
+-- As vacuum_after_drain, without ANALYZE: next to a long history a drain changes few of the
+-- rows, and ANALYZE samples 30,000 rows of the whole table (measured: a drain of 20,000
+-- jobs next to 1,000,000 done rows spent most of its extra time there).
+VACUUM {jobs};
 
 -- name: vacuum_during_drain
 -- A plain VACUUM between batches of a long drain: it clears the dead entries that claimed
