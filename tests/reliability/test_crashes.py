@@ -213,3 +213,31 @@ def test_stalled_worker_late_completion_writes_nothing(
     assert sorted((a, ev) for ev in ("start", "end")
                   for _j, a, _p in executions(tmp_path, ev)) == [
         (1, "end"), (1, "start"), (2, "end"), (2, "start")]
+
+
+def test_sigterm_during_a_pipelined_drain_loses_nothing(
+    migrated: Settings, conn: psycopg.Connection[Any], pg_url: str, tmp_path: Path
+) -> None:
+    """Fast jobs, so claims are in flight on the pipeline when SIGTERM comes: the claims
+    in flight are read, every claimed job that did not run goes back with its attempt,
+    every job that ran is written, and none is left running."""
+    schema = migrated.schema_name
+    n = 30_000
+    _enqueue(conn, schema, n)
+    proc = start_drainer(["run-once"], pg_url=pg_url, schema=schema, log_dir=tmp_path)
+    wait_for(lambda: len(executions(tmp_path, "end")) >= 3_000, 30, "3,000 jobs to run")
+    proc.send_signal(signal.SIGTERM)
+    code, out, err = finish(proc, timeout=30)
+    assert code == 0, err[-2000:]
+    report = json.loads(out)
+    assert report["stopped_by"] == "signal" and report["failed"] == report["lost"] == 0
+    table = jobs(conn, schema)
+    counts = status_counts(conn, schema)
+    assert set(counts) <= {"done", "queued"} and counts.get("done", 0) < n, counts
+    assert counts["done"] == report["succeeded"]
+    assert report["claimed"] == report["succeeded"] + report["released"]
+    ran = runs_per_job(tmp_path)
+    done = {i for i, r in table.items() if r["status"] == "done"}
+    assert set(ran) == done and set(ran.values()) == {1}  # each ran once, and was written
+    assert all(r["attempts"] == 0 and r["locked_until"] is None
+               for r in table.values() if r["status"] == "queued")
