@@ -159,6 +159,11 @@ class ClaimedRow(NamedTuple):
     locked_until: datetime
 
 
+def claim_order(row: ClaimedRow) -> tuple[int, datetime, int]:
+    """The claim's ORDER BY (priority DESC, run_at, id): UPDATE ... RETURNING has none."""
+    return -row.priority, row.run_at, row.id
+
+
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 
 
@@ -222,7 +227,7 @@ class Queries:
             "claim_batch", {"queue": queue, "batch_size": batch_size, "lease": lease}
         )
         rows = [ClaimedRow(*r) for r in cur.fetchall()]
-        rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+        rows.sort(key=claim_order)
         return rows
 
     def complete_many(self, ids: Sequence[int], attempts: Sequence[int], *,
@@ -249,7 +254,7 @@ class Queries:
                 written.add(r[1])
             else:
                 rows.append(ClaimedRow(*r[1:]))
-        rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+        rows.sort(key=claim_order)
         return written, rows
 
     def fail_many(
@@ -353,7 +358,6 @@ class ClaimPipeline:
     NAME = "complete_many_and_claim"
 
     def __init__(self, queries: Queries) -> None:
-        self.q = queries
         self.conn = queries.conn
         self.pgconn = queries.conn.pgconn
         self.text, self.names = positional(queries.text(self.NAME))
@@ -435,7 +439,7 @@ class ClaimPipeline:
                     payload(_value(get(i, 3))), int(_value(get(i, 4))),
                     int(_value(get(i, 5))), int(_value(get(i, 6))),
                     run_at(_value(get(i, 7))), locked_until(_value(get(i, 8)))))
-        rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+        rows.sort(key=claim_order)
         return written, rows
 
     def close(self) -> list[tuple[set[int], list[ClaimedRow]] | BaseException]:
