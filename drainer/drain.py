@@ -172,7 +172,7 @@ class _Heartbeat(threading.Thread):
         now = time.monotonic()
         with self.drain.lock:
             candidates = only if only is not None else [
-                r for r in [*self.drain.running.values(), *list(self.drain.pending)]
+                r for r in [*self.drain.running.values(), *self.drain.pending]
                 if not r.done and not r.lost and r.lease_expires - now < r.lease * (
                     1 - HEARTBEAT_FRACTION)
             ]
@@ -377,14 +377,17 @@ class _Drain:
                 or self.last_batch_s is None or self.last_batch_s > PIPELINE_MAX_BATCH_S
                 or self.vacuum_due() or self.limit_reached()):
             return False
-        return self._claim_size() - sum(size for _, size, _ in self.sent) > 0
+        return self._claim_room() > 0
+
+    def _claim_room(self) -> int:
+        """The next claim's size once the claims in flight are counted (see _claim_size)."""
+        return self._claim_size() - sum(size for _, size, _ in self.sent)
 
     def send(self) -> None:
         """Send the buffered successes and the next claim without waiting for the result."""
         queue = self.queues[self.cursor]
         task = self.registry.tasks[queue]
-        size = min(self.settings.batch_size,
-                   self._claim_size() - sum(size for _, size, _ in self.sent))
+        size = self._claim_room()
         buf, self.ok_buf = self.ok_buf, []
         self.pipe.send([o.job.id for o in buf], [o.job.attempt for o in buf], queue, size,
                        self._lease(task))
