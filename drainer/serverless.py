@@ -25,11 +25,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a handler keeps in reserve before the platform's time limit (DRAINER_HANDLER_MARGIN).
-DEFAULT_HANDLER_MARGIN_S = 10.0
-#: Time limit of a Cloud Functions / HTTP call (DRAINER_HANDLER_BUDGET): their default timeout.
-DEFAULT_HANDLER_BUDGET_S = 60.0
-
 
 class LambdaContext(Protocol):
     """The part of AWS Lambda's context object the handler uses."""

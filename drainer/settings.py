@@ -25,7 +25,6 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from drainer._redact import password_of, redact, remember_secret
 from drainer.errors import ConfigError
-from drainer.serverless import DEFAULT_HANDLER_BUDGET_S, DEFAULT_HANDLER_MARGIN_S
 
 #: Idle timeout (seconds) after which each platform suspends a compute with no activity.
 PLATFORM_IDLE_TIMEOUTS: dict[str, float] = {
@@ -92,6 +91,8 @@ DEFAULT_LOCK_TIMEOUT_S = 10.0
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S = 120.0
 DEFAULT_APPLICATION_NAME = "drainer"
 DEFAULT_MAX_SLEEP_S = 6 * 3600.0  # schedule --wake-policy known-work: the safety net
+DEFAULT_HANDLER_MARGIN_S = 10.0
+DEFAULT_HANDLER_BUDGET_S = 60.0  # Cloud Functions' default timeout
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 QueueList = Annotated[list[str] | None, BeforeValidator(split_list)]
