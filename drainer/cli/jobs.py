@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from drainer.cli._base import add_command
 from drainer.cli._output import JSON_HELP, emit, positive_int, print_json, seconds_arg
 from drainer.errors import ConfigError
-from drainer.ops import PURGEABLE, STATUSES
+from drainer.ops import DEFAULT_LIST_LIMIT, PURGEABLE, STATUSES
 
 if TYPE_CHECKING:
     from drainer.settings import Settings
@@ -121,8 +121,8 @@ def configure_jobs(sub: Any) -> None:
     p.add_argument("--queue", dest="job_queue", metavar="QUEUE",
                    help="Only jobs of this queue.")
     p.add_argument("--status", choices=STATUSES, help="Only jobs with this status.")
-    p.add_argument("--limit", type=positive_int, default=50, metavar="N",
-                   help="Show at most N jobs [default: 50].")
+    p.add_argument("--limit", type=positive_int, default=DEFAULT_LIST_LIMIT, metavar="N",
+                   help=f"Show at most N jobs [default: {DEFAULT_LIST_LIMIT}].")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
