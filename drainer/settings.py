@@ -90,9 +90,9 @@ DEFAULT_STATEMENT_TIMEOUT_S = 60.0
 DEFAULT_LOCK_TIMEOUT_S = 10.0
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S = 120.0
 DEFAULT_APPLICATION_NAME = "drainer"
-DEFAULT_MAX_SLEEP_S = 6 * 3600.0  # schedule --wake-policy known-work: the safety net
 DEFAULT_HANDLER_MARGIN_S = 10.0
 DEFAULT_HANDLER_BUDGET_S = 60.0  # Cloud Functions' default timeout
+DEFAULT_MAX_SLEEP_S = 6 * 3600.0  # schedule --wake-policy known-work: the safety net
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 QueueList = Annotated[list[str] | None, BeforeValidator(split_list)]
