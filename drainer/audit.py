@@ -34,8 +34,15 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from drainer.db import QUERIES
 from drainer.settings import parse_duration
-from drainer.waking import IdleTimeout, covered_seconds, fmt_seconds, idle_timeout_of
+from drainer.waking import (
+    IdleTimeout,
+    covered_seconds,
+    fmt_seconds,
+    idle_timeout_of,
+    polls_faster_than_idle,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -44,36 +51,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# The audit's only statement (not about the jobs table, so it lives here, not in
-# queries.sql). clock_timestamp() is the sample's time on the server's clock, the clock
-# of state_change and the other timestamps.
-SAMPLE_SQL = """
-SELECT clock_timestamp() AS sampled_at, pid, backend_start,
-       coalesce(backend_type, 'unknown') AS backend_type, datname, usename,
-       application_name, host(client_addr) AS client_addr, state, state_change,
-       query_start, xact_start, left(query, %(query_chars)s) AS query
-FROM pg_stat_activity
-WHERE pid <> pg_backend_pid()
-  AND (backend_type IN ('client backend', 'autovacuum worker', 'walsender')
-       -- another role's session, hidden without pg_read_all_stats: reported as such
-       OR (backend_type IS NULL AND datname IS NOT NULL))
-  AND (%(databases)s::text[] IS NULL OR datname = ANY(%(databases)s::text[]))
-  AND (%(users)s::text[] IS NULL OR usename = ANY(%(users)s::text[]))
-  AND (%(applications)s::text[] IS NULL OR application_name LIKE ANY(%(applications)s::text[]))
-  AND (%(pids)s::int[] IS NULL OR pid = ANY(%(pids)s::int[]))
-ORDER BY pid
-"""
-
-# Connections opened and closed between two samples never show in pg_stat_activity; the
-# per-database count of sessions does (PostgreSQL 15+: pg_stat_force_next_flush() makes the
-# audit's own counts exact, so they can be told apart).
-COUNTERS_SQL = """
-SELECT clock_timestamp() AS sampled_at, datname, sessions,
-       pg_stat_force_next_flush() IS NULL AS flushed
-FROM pg_stat_database
-WHERE datname IS NOT NULL
-  AND (%(databases)s::text[] IS NULL OR datname = ANY(%(databases)s::text[]))
-"""
+# The audit's statements are in sql/queries.sql (audit_*); they read the server's
+# statistics views, not the jobs table, so they take no identifiers.
+SAMPLE_SQL = QUERIES["audit_sample"]
+COUNTERS_SQL = QUERIES["audit_session_counts"]
 #: PostgreSQL version from which the session counters are used.
 COUNTERS_MIN_SERVER = 150000
 
@@ -185,7 +166,7 @@ def sample_activity(settings: Settings, *, duration: float = DEFAULT_DURATION_S,
         counters = _counters_mode(conn, filters)
         use_counters = counters == "on"
         if use_counters:
-            conn.execute("SELECT pg_stat_force_next_flush()")  # our own connect, counted now
+            conn.execute(QUERIES["audit_flush_counters"])  # our own connect, counted now
         begin = time.monotonic()
         k = 0
         while True:
@@ -225,7 +206,7 @@ def _take_sample(conn: psycopg.Connection[Any], params: dict[str, Any],
             sessions = {r[1]: int(r[2] or 0) for r in crow}
             at = at or (crow[0][0] if crow else None)
         if at is None:
-            one = conn.execute("SELECT clock_timestamp()").fetchone()
+            one = conn.execute(QUERIES["audit_clock"]).fetchone()
             assert one is not None
             at = one[0]
     assert at is not None
@@ -370,6 +351,27 @@ def _period(times: Sequence[datetime]) -> float | None:
     return statistics.median(gaps) if gaps else None
 
 
+@dataclass(frozen=True)
+class _Repeats:
+    """Activity that came again and again (queries, reconnects, short connections): its
+    median period, and whether it was still going at the end of the audit."""
+
+    period: float | None
+    going: bool
+
+    @classmethod
+    def of(cls, times: Sequence[datetime], end: datetime, min_count: int) -> _Repeats:
+        period = _period(times) if len(times) >= min_count else None
+        going = period is not None and (end - max(times)).total_seconds() <= max(
+            POLL_STILL_GOING_PERIODS * period, period + 1.0)
+        return cls(period, going)
+
+    def keeps_awake(self, idle: IdleTimeout) -> bool:
+        """The article's rule: a poll more often than the idle timeout keeps it up all day."""
+        return (self.going and self.period is not None
+                and polls_faster_than_idle(self.period, idle))
+
+
 def _fmt_every(s: float) -> str:
     return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
 
@@ -483,16 +485,11 @@ def _longest_quiet_gap(instants: list[datetime], start: datetime, end: datetime
 def _judge_session(tr: _Track, at_end: bool, end: datetime, idle: IdleTimeout,
                    sample_interval: float) -> SessionFinding:
     row = tr.last
-    period = _period(list(tr.query_starts)) if len(tr.query_starts) >= POLL_MIN_QUERIES \
-        else None
-    last_query = max(tr.query_starts) if tr.query_starts else None
-    polling = (period is not None and last_query is not None and
-               (end - last_query).total_seconds() <= max(POLL_STILL_GOING_PERIODS * period,
-                                                         period + 1.0))
+    polls = _Repeats.of(list(tr.query_starts), end, POLL_MIN_QUERIES)
+    period = polls.period
     health = row.query is not None and bool(_HEALTH_CHECK.match(row.query))
     what = "health checks" if health else "polls"
     keeps, reason = False, ""
-    idle_s = idle.seconds
     if row.state is None and row.query == HIDDEN_QUERY:
         reason = "hidden: its state needs pg_read_all_stats (or a superuser) to be seen"
     elif row.backend_type == "autovacuum worker":
@@ -502,8 +499,8 @@ def _judge_session(tr: _Track, at_end: bool, end: datetime, idle: IdleTimeout,
     elif at_end and row.state in ("idle in transaction", "idle in transaction (aborted)"):
         keeps = True
         reason = f"idle in transaction {tr.non_idle.get(row.state, 0.0):.0f} s"
-    elif polling and period is not None:
-        keeps = idle.never_suspends or period < idle_s
+    elif polls.going and period is not None:
+        keeps = polls.keeps_awake(idle)
         if period <= sample_interval * 1.2:  # a new query at every sample: as fast as we see
             reason = f"{'health checks' if health else 'queries'} at least every " \
                      f"{_fmt_every(sample_interval)} (busy)"
@@ -555,11 +552,9 @@ def _judge_clients(tracks: dict[tuple[int, datetime | None], _Track], start: dat
         new = [s for s in starts if s >= start]
         if len(new) < RECONNECT_MIN_NEW:
             continue
-        period = _period(new)
-        recent = period is not None and (end - new[-1]).total_seconds() <= max(
-            POLL_STILL_GOING_PERIODS * period, period + 1.0)
-        keeps = bool(recent and period is not None and
-                     (idle.never_suspends or period < idle.seconds))
+        reconnects = _Repeats.of(new, end, RECONNECT_MIN_NEW)
+        period, recent = reconnects.period, reconnects.going
+        keeps = reconnects.keeps_awake(idle)
         every = "" if period is None else f" about every {_fmt_every(period)}"
         reason = f"reconnects{every} ({len(new)} new connections)"
         if period is not None and not keeps and recent:
@@ -611,11 +606,9 @@ def _judge_unseen(activity: Activity, tracks: dict[tuple[int, datetime | None], 
         if not counted:
             continue
         distinct = sorted(set(counted))
-        period = _period(distinct) if len(distinct) >= RECONNECT_MIN_NEW else None
-        recent = period is not None and (end - distinct[-1]).total_seconds() <= max(
-            POLL_STILL_GOING_PERIODS * period, period + 1.0)
-        keeps = bool(recent and period is not None and
-                     (idle.never_suspends or period < idle.seconds))
+        short = _Repeats.of(distinct, end, RECONNECT_MIN_NEW)
+        period, recent = short.period, short.going
+        keeps = short.keeps_awake(idle)
         n = len(counted)
         reason = (f"{n} short connection{'' if n == 1 else 's'} between samples"
                   + ("" if period is None else f", about every {_fmt_every(period)}"))
