@@ -200,6 +200,11 @@ class CronExpr:
         """The fire times (UTC) of the wall times of day ``d`` in ``tz``, sorted."""
         if not self.matches_day(d):
             return []
+        offset = _steady_offset(d, tz)
+        if offset is not None:  # no DST change on this day: wall time - offset
+            base = datetime(d.year, d.month, d.day, tzinfo=_UTC) - offset
+            return [base + timedelta(hours=h, minutes=m)
+                    for h in sorted(self.hours) for m in sorted(self.minutes)]
         out: set[datetime] = set()
         wild = self.wildcard
         for h in sorted(self.hours):
@@ -235,6 +240,17 @@ def parse_cron(expr: str) -> CronExpr:
 
 def _local(t: datetime, tz: tzinfo) -> datetime:
     return t.astimezone(tz).replace(tzinfo=None)
+
+
+def _steady_offset(d: date, tz: tzinfo) -> timedelta | None:
+    """The UTC offset of ``tz`` all through day ``d``, or None when it changes that day."""
+    start = datetime(d.year, d.month, d.day)
+    ends = (start, start + timedelta(days=1))
+    offsets = {e.replace(tzinfo=tz, fold=f).utcoffset() for e in ends for f in (0, 1)}
+    if len(offsets) != 1:
+        return None
+    (offset,) = offsets
+    return offset
 
 
 def _resolve(wall: datetime, tz: tzinfo, wildcard: bool) -> list[datetime]:
@@ -350,9 +366,12 @@ class WakeSchedule:
             return [now + timedelta(seconds=self.interval * k) for k in range(n)]
         return next_fire_times(self.cron_expr, self.tz, now.astimezone(_UTC) - _TICK, n)
 
-    def _cron_fires(self, now: datetime) -> list[datetime]:
-        end = now + timedelta(seconds=CRON_HORIZON_S)
-        fires = iter_fire_times(self.cron_expr, self.tz, now.astimezone(_UTC) - _TICK)
+    def _cron_fires(self, now: datetime) -> list[float]:
+        """Fire times (epoch seconds: aware datetimes of one zone subtract and compare by
+        the wall clock, which a DST change makes wrong) in the horizon from ``now``."""
+        end = now.timestamp() + CRON_HORIZON_S
+        fires = (t.timestamp() for t in
+                 iter_fire_times(self.cron_expr, self.tz, now.astimezone(_UTC) - _TICK))
         return list(itertools.islice(itertools.takewhile(lambda t: t < end, fires),
                                      CRON_MAX_FIRES))
 
@@ -361,7 +380,7 @@ class WakeSchedule:
         if self.interval is not None:
             return self.interval
         fires = self._cron_fires(now or datetime.now(self.tz))
-        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(fires)]
+        gaps = [b - a for a, b in itertools.pairwise(fires)]
         if not gaps:
             return CRON_HORIZON_S
         return max(0.0, min(gaps) - self.jitter)
@@ -375,8 +394,8 @@ class WakeSchedule:
         fires = self._cron_fires(now)
         window = CRON_HORIZON_S
         if len(fires) >= CRON_MAX_FIRES:
-            window = (fires[-1] - now).total_seconds() or 1.0
-        return estimate_from_wakes([f.timestamp() + self.jitter / 2 for f in fires],
+            window = (fires[-1] - now.timestamp()) or 1.0
+        return estimate_from_wakes([f + self.jitter / 2 for f in fires],
                                    now.timestamp(), window, idle, max_drain_s)
 
 
