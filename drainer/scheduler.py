@@ -147,7 +147,8 @@ class _Runner:
     def __init__(self, settings: Settings, registry: Registry | None, stop: threading.Event,
                  idle: IdleTimeout, pull_earlier: bool,
                  on_report: Callable[[RunReport], None] | None, policy: str = "always",
-                 max_sleep: float | None = None) -> None:
+                 max_sleep: float | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         if policy not in WAKE_POLICIES:
             raise ConfigError(f"--wake-policy must be one of {', '.join(WAKE_POLICIES)}")
         self.policy = policy
@@ -163,6 +164,7 @@ class _Runner:
         self.scheduler: Any = None
         self.runs = 0
         self.lock = threading.Lock()
+        self.clock = clock  # epoch seconds, for the known-work policy (tests pass their own)
 
     def __call__(self) -> None:
         """A scheduled tick: drain (policy always), or only when there is known work."""
@@ -173,7 +175,7 @@ class _Runner:
             return
         try:
             if self.policy == "known-work":
-                wake, why = self.state.decide(time.time())
+                wake, why = self.state.decide(self.clock())
                 if not wake:
                     logger.debug("tick skipped, no connection: %s", why,
                                  extra={"wake": False, "reason": why})
@@ -207,9 +209,9 @@ class _Runner:
         try:
             report = run_once(self.settings, registry=self.registry, stop=self.stop)
         except BaseException:
-            self.state.run_failed(time.time())
+            self.state.run_failed(self.clock())
             raise
-        self.state.run_ended(report, seen, time.time())
+        self.state.run_ended(report, seen, self.clock())
         ended = datetime.now(self.settings_tz())
         if self.on_report is not None:
             self.on_report(report)

@@ -132,3 +132,22 @@ def test_known_work_holds_a_due_retry_until_the_idle_timeout_has_passed() -> Non
     clock.advance(180)
     wake, why = state.decide(clock())  # 300 s after the run: the compute went quiet then
     assert wake and why.startswith("retry due")
+
+
+def test_a_scheduled_tick_reads_the_injected_clock() -> None:
+    """drainer.scheduler's tick asks the policy with its clock: before --max-sleep it does
+    not even try to run (no settings are needed); after it, it tries (and fails here)."""
+    import threading
+
+    from drainer.scheduler import _Runner
+
+    clock = Clock()
+    runner = _Runner(None, None, threading.Event(), NEON, False, None,  # type: ignore[arg-type]
+                     policy="known-work", max_sleep=3600, clock=clock)
+    runner.state.run_ended(_report(), runner.state.run_started(), clock())
+    clock.advance(3599)
+    runner()
+    assert runner.runs == 0
+    clock.advance(1)
+    runner()  # the safety net: a run starts (run_once(None) fails, which is logged)
+    assert runner.runs == 1 and runner.state.last_end == clock()
