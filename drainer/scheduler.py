@@ -1,27 +1,44 @@
-"""``drainer schedule``: wake on an interval or a cron schedule, drain, hold nothing in between.
+"""``drainer schedule``'s APScheduler glue: wake on an interval or a cron schedule, drain.
 
-Built on APScheduler 3.x (imported only here, only when the command runs). Each wake calls
-the same :func:`drainer.drain.run_once` as ``drainer run-once``: one connection, opened at
-the start of the run and closed at its end, so the compute can suspend between runs.
+Each wake calls the same :func:`drainer.drain.run_once` as ``drainer run-once``: one
+connection, opened at the start of the run and closed at its end, so the compute can
+suspend between runs. What the schedule means lives elsewhere and imports no APScheduler:
+cron expressions and the schedule checks in :mod:`drainer.cron`, the idle timeout, awake
+estimates and the known-work policy in :mod:`drainer.waking`; the HTTP side of
+``--listen`` is :mod:`drainer.serve`'s.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
 
+from apscheduler.triggers.base import BaseTrigger
+
+from drainer import cron
+from drainer.cron import (
+    CRON_HORIZON_S,
+    CRON_MACROS,
+    CRON_MAX_FIRES,
+    CRON_WEEKDAYS,
+    CronExpr,
+    check_schedule,
+    cron_weekdays,
+    iter_fire_times,
+    next_fire_times,
+    parse_cron,
+)
 from drainer.errors import ConfigError, DrainerError
 from drainer.settings import DEFAULT_MAX_SLEEP_S
 from drainer.waking import (
-    AwakeEstimate,
+    DEFAULT_MAX_RUNTIME_CAP_S,
+    DEFAULT_MAX_RUNTIME_FRACTION,
+    WAKE_POLICIES,
     IdleTimeout,
-    estimate_from_wakes,
-    estimate_interval,
+    WakeState,
     fmt_seconds,
     idle_timeout_of,
 )
@@ -35,346 +52,83 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Without --max-runtime, a run stops claiming after this fraction of the shortest time
-#: between two wakes, so it ends well before the next wake.
-DEFAULT_MAX_RUNTIME_FRACTION = 0.5
-#: ... and never more than an hour (a weekly cron does not want 3.5-day drains).
-DEFAULT_MAX_RUNTIME_CAP_S = 3600.0
+__all__ = [
+    "CRON_HORIZON_S", "CRON_MACROS", "CRON_MAX_FIRES", "CRON_WEEKDAYS",
+    "DEFAULT_MAX_RUNTIME_CAP_S", "DEFAULT_MAX_RUNTIME_FRACTION", "DRY_RUN_WAKES", "JOB_ID",
+    "PULL_EARLIER_MIN_GAIN_S", "WAKE_POLICIES", "CronExpr", "CronWakeTrigger", "WakeSchedule",
+    "WakeState", "check_schedule", "cron_trigger", "cron_weekdays", "next_fire_times",
+    "parse_cron", "run_schedule", "wake_trigger",
+]
+
 #: --dry-run prints this many wakes.
 DRY_RUN_WAKES = 5
 #: A pulled-earlier wake must gain at least this much on the scheduled one.
 PULL_EARLIER_MIN_GAIN_S = 1.0
-#: Cron schedules are examined over this window (gaps, wakes a day).
-CRON_HORIZON_S = 7 * 86400.0
-CRON_MAX_FIRES = 20_000
 
 JOB_ID = "drain"
 
-WAKE_POLICIES = ("always", "known-work")
-
-#: Weekday names in cron order: 0 (and 7) is Sunday.
-CRON_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-CRON_MACROS = {
-    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
+_TICK = timedelta(microseconds=1)
 
 
-# -- cron with cron's meaning ---------------------------------------------------------------------
+# -- triggers -------------------------------------------------------------------------------------
 
 
-def _cron_day(token: str) -> int:
-    """A day-of-week token in cron numbering: 0-7 (0 and 7 Sunday) or sun..sat."""
-    t = token.strip().lower()
-    if t.isdigit():
-        n = int(t)
-        if not 0 <= n <= 7:
-            raise ValueError(f"day of week {token!r} is out of range 0-7")
-        return n
-    if t[:3] in CRON_WEEKDAYS and len(t) == 3:
-        return CRON_WEEKDAYS.index(t)
-    raise ValueError(f"invalid day of week {token!r} (use 0-7 or sun-sat)")
+class CronWakeTrigger(BaseTrigger):  # type: ignore[misc]  # APScheduler 3 is untyped
+    """An APScheduler trigger that fires at :func:`drainer.cron.iter_fire_times`' times.
 
-
-def cron_weekdays(field: str) -> str:
-    """Translate cron's day-of-week field into APScheduler 3's ``day_of_week``.
-
-    Cron counts 0 (and 7) as Sunday; APScheduler 3's numbers start at Monday, so numbers
-    are never passed through: the field is expanded to the set of days it means and
-    written with names, which both read the same way (``0`` -> ``sun``, ``1-5`` ->
-    ``mon,tue,wed,thu,fri``, ``5-7`` -> ``fri,sat,sun``, ``*/2`` -> ``sun,tue,thu,sat``).
+    So the scheduler fires when ``--dry-run`` says it will, with cron's meaning (0 and 7 =
+    Sunday, day of month *or* day of week) and cron's DST rules; ``jitter`` delays each
+    fire by a random 0..jitter seconds, as APScheduler's own triggers do.
     """
-    days: set[int] = set()
-    for item in field.split(","):
-        item = item.strip()
-        if not item:
-            raise ValueError(f"empty item in day of week {field!r}")
-        rng, _, step_s = item.partition("/")
-        step = 1
-        if step_s:
-            if not step_s.isdigit() or int(step_s) == 0:
-                raise ValueError(f"invalid step in day of week {item!r}")
-            step = int(step_s)
-        if rng == "*":
-            first, last = 0, 6
-        elif "-" in rng:
-            a, b = rng.split("-", 1)
-            first, last = _cron_day(a), _cron_day(b)
-            if last == 0 and first > 0:  # mon-sun, fri-sun: Sunday closes the week
-                last = 7
-            if first > last:
-                raise ValueError(f"day-of-week range {rng!r} runs backwards")
-        else:
-            first = _cron_day(rng)
-            last = 7 if step_s else first  # vixie cron: 'N/S' means N-7/S
-        days.update(d % 7 for d in range(first, last + 1, step))
-    if days == set(range(7)):
-        return "*"
-    return ",".join(CRON_WEEKDAYS[d] for d in sorted(days))
+
+    __slots__ = ("expr", "jitter", "timezone")
+
+    def __init__(self, expr: CronExpr, tz: tzinfo, jitter: float | None = None) -> None:
+        self.expr = expr
+        self.timezone = tz
+        self.jitter = jitter
+
+    def get_next_fire_time(self, previous_fire_time: datetime | None,
+                           now: datetime) -> datetime | None:
+        # as APScheduler's CronTrigger: the first fire at or after now, or right after the
+        # previous one when that is earlier (a missed fire, which coalescing folds in)
+        after = now.astimezone(timezone.utc) - _TICK
+        if previous_fire_time is not None:
+            after = min(after, previous_fire_time.astimezone(timezone.utc))
+        nxt = next(iter_fire_times(self.expr, self.timezone, after), None)
+        if nxt is None:
+            return None
+        fire: datetime | None = self._apply_jitter(nxt, self.jitter, now)
+        return fire
+
+    def __str__(self) -> str:
+        return f"cron[{self.expr.text}]"
+
+    def __repr__(self) -> str:
+        return f"<CronWakeTrigger ({self.expr.text!r}, timezone='{self.timezone}')>"
 
 
 def cron_trigger(expr: str, tz: tzinfo, jitter: float | None = None) -> Any:
-    """An APScheduler trigger that fires when cron would fire for ``expr``.
-
-    Besides the day-of-week numbering, cron has one more rule APScheduler lacks: when both
-    day of month and day of week are restricted (neither starts with ``*``), a day matches
-    when *either* matches (``0 3 1 * mon`` = the 1st and every Monday).
-    """
-    from apscheduler.triggers.combining import OrTrigger
-    from apscheduler.triggers.cron import CronTrigger
-
-    text = CRON_MACROS.get(expr.strip().lower(), expr)
-    fields = text.split()
-    if len(fields) != 5:
-        raise ValueError(f"a cron expression has 5 fields 'm h dom mon dow', got {len(fields)}")
-    minute, hour, dom, month, dow = fields
-    weekdays = cron_weekdays(dow)
-    common = {"minute": minute, "hour": hour, "month": month, "timezone": tz}
-    if not dom.startswith("*") and not dow.startswith("*"):
-        return OrTrigger([CronTrigger(day=dom, day_of_week="*", **common),
-                          CronTrigger(day="*", day_of_week=weekdays, **common)],
-                         jitter=jitter or None)
-    return CronTrigger(day=dom, day_of_week=weekdays, jitter=jitter or None, **common)
+    """An APScheduler trigger that fires when cron would fire for ``expr`` (ValueError if bad)."""
+    return CronWakeTrigger(parse_cron(expr), tz, jitter or None)
 
 
-# -- the wake schedule ----------------------------------------------------------------------------
+def wake_trigger(wakes: cron.WakeSchedule, *, jitter: bool = True) -> Any:
+    """The APScheduler trigger of a wake schedule (``jitter=False``: before the random delay)."""
+    j = wakes.jitter if jitter and wakes.jitter > 0 else None
+    if wakes.cron is not None:
+        return CronWakeTrigger(wakes.cron_expr, wakes.tz, j)
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    return IntervalTrigger(seconds=wakes.interval, jitter=j, timezone=wakes.tz)
 
 
-@dataclass(frozen=True)
-class WakeSchedule:
-    """When to wake: every ``interval`` seconds (first wake at start) or on a cron expression.
-
-    ``jitter`` delays each wake by a random 0..jitter seconds. With an interval, APScheduler
-    counts the next wake from the previous (delayed) one, so two wakes are never closer
-    than the interval; with cron, each wake is delayed from its cron time.
-    """
-
-    interval: float | None = None
-    cron: str | None = None
-    jitter: float = 0.0
-    timezone: tzinfo | None = None
-
-    def __post_init__(self) -> None:
-        if (self.interval is None) == (self.cron is None):
-            raise ConfigError("give either --interval SECONDS or --cron 'm h dom mon dow'")
-        if self.interval is not None and self.interval <= 0:
-            raise ConfigError("--interval must be more than 0 seconds")
-        if self.jitter < 0:
-            raise ConfigError("--jitter must not be negative")
-        if self.cron is not None:
-            try:
-                cron_trigger(self.cron, self.tz)
-            except ValueError as exc:
-                raise ConfigError(f"--cron {self.cron!r}: {exc}") from None
-
-    @property
-    def tz(self) -> tzinfo:
-        if self.timezone is not None:
-            return self.timezone
-        from tzlocal import get_localzone
-
-        return get_localzone()
+class WakeSchedule(cron.WakeSchedule):
+    """:class:`drainer.cron.WakeSchedule` with its APScheduler trigger."""
 
     def trigger(self, *, jitter: bool = True) -> Any:
         """The APScheduler trigger (``jitter=False``: the wakes before the random delay)."""
-        j = self.jitter if jitter and self.jitter > 0 else None
-        if self.cron is not None:
-            return cron_trigger(self.cron, self.tz, j)
-        from apscheduler.triggers.interval import IntervalTrigger
-
-        return IntervalTrigger(seconds=self.interval, jitter=j, timezone=self.tz)
-
-    def describe(self) -> str:
-        jit = f" + up to {fmt_seconds(self.jitter)} jitter" if self.jitter else ""
-        if self.interval is not None:
-            return f"every {fmt_seconds(self.interval)}{jit}, first wake at start"
-        return f"cron {self.cron!r} ({self.tz}){jit}"
-
-    def next_wakes(self, n: int, now: datetime | None = None) -> list[datetime]:
-        """The next ``n`` wakes before jitter (with an interval, the first is ``now``)."""
-        now = now or datetime.now(self.tz)
-        if self.interval is not None:
-            return [now + timedelta(seconds=self.interval * k) for k in range(n)]
-        trig = self.trigger(jitter=False)
-        out: list[datetime] = []
-        prev: datetime | None = None
-        cursor = now
-        while len(out) < n:
-            nxt = trig.get_next_fire_time(prev, cursor)
-            if nxt is None:
-                break
-            out.append(nxt)
-            prev, cursor = nxt, nxt + timedelta(microseconds=1)
-        return out
-
-    def _cron_fires(self, now: datetime) -> list[datetime]:
-        trig = self.trigger(jitter=False)
-        end = now + timedelta(seconds=CRON_HORIZON_S)
-        fires: list[datetime] = []
-        prev: datetime | None = None
-        cursor = now
-        while len(fires) < CRON_MAX_FIRES:
-            nxt = trig.get_next_fire_time(prev, cursor)
-            if nxt is None or nxt >= end:
-                break
-            fires.append(nxt)
-            prev, cursor = nxt, nxt + timedelta(microseconds=1)
-        return fires
-
-    def min_gap(self, now: datetime | None = None) -> float:
-        """The shortest time in seconds between two wakes (cron: over the next week)."""
-        if self.interval is not None:
-            return self.interval
-        fires = self._cron_fires(now or datetime.now(self.tz))
-        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(fires)]
-        if not gaps:
-            return CRON_HORIZON_S
-        return max(0.0, min(gaps) - self.jitter)
-
-    def estimate(self, idle: IdleTimeout, max_drain_s: float | None,
-                 now: datetime | None = None) -> AwakeEstimate:
-        """How long these wakes keep the compute awake a day (see drainer.waking)."""
-        if self.interval is not None:
-            return estimate_interval(self.interval, self.jitter, idle, max_drain_s)
-        now = now or datetime.now(self.tz)
-        fires = self._cron_fires(now)
-        window = CRON_HORIZON_S
-        if len(fires) >= CRON_MAX_FIRES:
-            window = (fires[-1] - now).total_seconds() or 1.0
-        return estimate_from_wakes([f.timestamp() + self.jitter / 2 for f in fires],
-                                   now.timestamp(), window, idle, max_drain_s)
-
-
-def check_schedule(wakes: WakeSchedule, idle: IdleTimeout, max_runtime: float | None, *,
-                   allow_always_on: bool, policy: str = "always",
-                   max_sleep: float | None = None) -> float:
-    """Refuse schedules that keep the compute awake; return the max runtime of one run.
-
-    With ``known-work`` a tick that finds no reason does not connect, so ticks may come
-    as often as you like; what wakes an idle compute is the safety net, so it is
-    ``--max-sleep`` that must be longer than the idle timeout, and it bounds a run.
-    """
-    if policy == "known-work":
-        assert max_sleep is not None
-        if not idle.never_suspends and max_sleep <= idle.seconds and not allow_always_on:
-            raise ConfigError(
-                f"--max-sleep {fmt_seconds(max_sleep)} is not longer than the "
-                f"{fmt_seconds(idle.seconds)} idle timeout ({idle.source}): the safety net "
-                "alone would keep the compute awake; use a longer --max-sleep, or pass "
-                "--allow-always-on")
-        if max_runtime is None:
-            return min(DEFAULT_MAX_RUNTIME_CAP_S,
-                       max(1.0, max_sleep * DEFAULT_MAX_RUNTIME_FRACTION))
-        if max_runtime >= max_sleep:
-            raise ConfigError(f"--max-runtime {fmt_seconds(max_runtime)} must be shorter than "
-                              f"--max-sleep {fmt_seconds(max_sleep)}")
-        return max_runtime
-    gap = wakes.min_gap()
-    if not idle.never_suspends and gap <= idle.seconds and not allow_always_on:
-        limit = f"the {fmt_seconds(idle.seconds)} idle timeout ({idle.source})"
-        if wakes.interval is not None:
-            raise ConfigError(
-                f"--interval {fmt_seconds(gap)} is not longer than {limit}: the compute "
-                "would never suspend (awake 24 h a day); use a longer interval, or pass "
-                "--allow-always-on")
-        raise ConfigError(
-            f"--cron {wakes.cron!r} wakes as often as every {fmt_seconds(gap)}, not longer "
-            f"than {limit}: the compute would not suspend between those wakes; space them "
-            "further apart, or pass --allow-always-on")
-    if max_runtime is None:
-        return min(DEFAULT_MAX_RUNTIME_CAP_S, max(1.0, gap * DEFAULT_MAX_RUNTIME_FRACTION))
-    if max_runtime >= gap:
-        raise ConfigError(f"--max-runtime {fmt_seconds(max_runtime)} must be shorter than "
-                          f"the {fmt_seconds(gap)} between two wakes")
-    return max_runtime
-
-
-# -- the known-work wake policy -------------------------------------------------------------------
-
-
-@dataclass
-class WakeState:
-    """What the process knows about the queue, to tell whether a tick has a reason to wake.
-
-    Kept in memory only: a new process knows nothing, so its first tick drains in full.
-    Times are epoch seconds. ``last_end`` is when the last run (or failed attempt) ended:
-    the compute went quiet then, so a wake for a due retry waits until ``last_end +
-    idle_s`` (one wake then takes every retry that came due meanwhile).
-    """
-
-    idle_s: float
-    max_sleep_s: float
-    completed: int = 0
-    last_end: float | None = None
-    remaining_due: int = 0
-    next_due_at: float | None = None
-    triggers: int = 0
-    triggers_served: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def note_trigger(self) -> None:
-        with self._lock:
-            self.triggers += 1
-
-    def run_started(self) -> int:
-        """Call when a run starts; pass the result to :meth:`run_ended`."""
-        with self._lock:
-            return self.triggers
-
-    def run_ended(self, report: RunReport, triggers_at_start: int, at: float) -> None:
-        """A run completed: it saw every trigger that came before it started."""
-        nxt = datetime.fromisoformat(report.next_due_at) if report.next_due_at else None
-        with self._lock:
-            self.completed += 1
-            self.last_end = at
-            self.remaining_due = report.remaining_due
-            self.next_due_at = nxt.timestamp() if nxt is not None else None
-            self.triggers_served = max(self.triggers_served, triggers_at_start)
-
-    def run_failed(self, at: float) -> None:
-        """A run failed (database unreachable...): what was known stays, so it is retried."""
-        with self._lock:
-            self.last_end = at
-
-    def decide(self, now: float) -> tuple[bool, str]:
-        """(wake?, why) for a tick at ``now``."""
-        with self._lock:
-            if self.completed == 0:
-                if self.last_end is None:
-                    return True, "start: one full drain (a new process knows nothing)"
-                return True, "no complete drain yet (the last attempt failed)"
-            assert self.last_end is not None
-            pending = self.triggers - self.triggers_served
-            if pending > 0:
-                return True, (f"trigger: {pending} trigger{'' if pending == 1 else 's'} "
-                              "since the last complete drain")
-            if self.remaining_due > 0:
-                return True, (f"due work left: the last run stopped with "
-                              f"{self.remaining_due} due job"
-                              f"{'' if self.remaining_due == 1 else 's'}")
-            quiet_until = self.last_end + self.idle_s
-            held = ""
-            if self.next_due_at is not None and self.next_due_at <= now:
-                due = _clock(self.next_due_at)
-                if now >= quiet_until:
-                    return True, (f"retry due: a job the last run saw waiting came due at "
-                                  f"{due}")
-                held = (f"a job came due at {due}, held until {_clock(quiet_until)} (idle "
-                        "timeout after the last run) to group wakes; ")
-            asleep = now - self.last_end
-            if asleep >= self.max_sleep_s:
-                return True, (f"safety net: {fmt_seconds(asleep)} since the last run "
-                              f"(--max-sleep {fmt_seconds(self.max_sleep_s)})")
-            nxt = ("" if self.next_due_at is None or held else
-                   f"next job due {_clock(self.next_due_at)}; ")
-            return False, (f"no known work: no trigger since the last drain, none left due; "
-                           f"{held}{nxt}safety net at "
-                           f"{_clock(self.last_end + self.max_sleep_s)}")
-
-
-def _clock(t: float) -> str:
-    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+        return wake_trigger(self, jitter=jitter)
 
 
 # -- running --------------------------------------------------------------------------------------
@@ -386,7 +140,8 @@ class _Runner:
     def __init__(self, settings: Settings, registry: Registry | None, stop: threading.Event,
                  idle: IdleTimeout, pull_earlier: bool,
                  on_report: Callable[[RunReport], None] | None, policy: str = "always",
-                 max_sleep: float | None = None) -> None:
+                 max_sleep: float | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         if policy not in WAKE_POLICIES:
             raise ConfigError(f"--wake-policy must be one of {', '.join(WAKE_POLICIES)}")
         self.policy = policy
@@ -402,6 +157,7 @@ class _Runner:
         self.scheduler: Any = None
         self.runs = 0
         self.lock = threading.Lock()
+        self.clock = clock  # epoch seconds, for the known-work policy (tests pass their own)
 
     def __call__(self) -> None:
         """A scheduled tick: drain (policy always), or only when there is known work."""
@@ -412,7 +168,7 @@ class _Runner:
             return
         try:
             if self.policy == "known-work":
-                wake, why = self.state.decide(time.time())
+                wake, why = self.state.decide(self.clock())
                 if not wake:
                     logger.debug("tick skipped, no connection: %s", why,
                                  extra={"wake": False, "reason": why})
@@ -446,9 +202,9 @@ class _Runner:
         try:
             report = run_once(self.settings, registry=self.registry, stop=self.stop)
         except BaseException:
-            self.state.run_failed(time.time())
+            self.state.run_failed(self.clock())
             raise
-        self.state.run_ended(report, seen, time.time())
+        self.state.run_ended(report, seen, self.clock())
         ended = datetime.now(self.settings_tz())
         if self.on_report is not None:
             self.on_report(report)
@@ -466,8 +222,6 @@ class _Runner:
     def settings_tz(self) -> tzinfo:
         tz = getattr(self.scheduler, "timezone", None)
         if tz is None:
-            from datetime import timezone
-
             return timezone.utc
         assert isinstance(tz, tzinfo)
         return tz
@@ -491,7 +245,7 @@ class _Runner:
                         job.next_run_time.isoformat())
 
 
-def run_schedule(settings: Settings, wakes: WakeSchedule, *, stop: threading.Event,
+def run_schedule(settings: Settings, wakes: cron.WakeSchedule, *, stop: threading.Event,
                  registry: Registry | None = None, idle: IdleTimeout | None = None,
                  pull_earlier: bool = False,
                  on_report: Callable[[RunReport], None] | None = None,
@@ -515,56 +269,51 @@ def run_schedule(settings: Settings, wakes: WakeSchedule, *, stop: threading.Eve
     from apscheduler.executors.pool import ThreadPoolExecutor
     from apscheduler.schedulers.background import BackgroundScheduler
 
+    from drainer.serve import HttpHost
+
     idle = idle or idle_timeout_of(settings)
     runner = _Runner(settings, registry, stop, idle, pull_earlier, on_report,
                      policy or settings.wake_policy, max_sleep)
-    server: Any = None
-    http: threading.Thread | None = None
+    http = HttpHost.nothing()
     if listen is not None:
         from drainer.serve import make_server
 
-        server = make_server(settings, listen[0], listen[1], token=token,
-                             drain=runner.triggered, on_request=runner.state.note_trigger)
-        host, port = server.server_address[:2]
-        http = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                name="drainer-schedule-http", daemon=True)
-        http.start()
-        logger.info("listening on http://%s:%d (POST /drain, GET /healthz, GET /runs/<id>); "
-                    "no database connection until a drain is due", host, port,
-                    extra={"port": port})
-        if on_listening is not None:
-            on_listening(host, port)
-    scheduler = BackgroundScheduler(
-        executors={"default": ThreadPoolExecutor(max_workers=1)},
-        job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None},
-        timezone=wakes.tz,
-    )
-    runner.scheduler = scheduler
-    first: dict[str, Any] = {}
-    if wakes.interval is not None:
-        first["next_run_time"] = datetime.now(wakes.tz)
-    scheduler.add_job(runner, wakes.trigger(), id=JOB_ID, name="drain", **first)
-    if wakes.interval is not None:
-        logger.info("scheduled: %s", wakes.describe())
-    else:
-        nxt = wakes.next_wakes(1)
-        logger.info("scheduled: %s; next wake %s", wakes.describe(),
-                    nxt[0].isoformat() if nxt else "never")
-    if runner.policy == "known-work":
-        logger.info("wake policy known-work: a tick connects only after a trigger, with due "
-                    "work left, for a retry come due (not sooner than %s after the last run), "
-                    "or %s after the last run (--max-sleep)", fmt_seconds(idle.seconds),
-                    fmt_seconds(runner.state.max_sleep_s))
-    scheduler.start()
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-            server.coalescer.shutdown(timeout=0)  # no new drains; the one running ends below
-        scheduler.shutdown(wait=True)
-        if server is not None:
-            server.coalescer.shutdown(timeout=settings.grace + 60)
+        http = HttpHost(make_server(settings, listen[0], listen[1], token=token,
+                                    drain=runner.triggered,
+                                    on_request=runner.state.note_trigger),
+                        name="drainer-schedule-http", grace=settings.grace)
+    with http:
+        if listen is not None:
+            http.start("no database connection until a drain is due", on_listening)
+        scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(max_workers=1)},
+            job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None},
+            timezone=wakes.tz,
+        )
+        runner.scheduler = scheduler
+        first: dict[str, Any] = {}
+        if wakes.interval is not None:
+            first["next_run_time"] = datetime.now(wakes.tz)
+        scheduler.add_job(runner, wake_trigger(wakes), id=JOB_ID, name="drain", **first)
+        if wakes.interval is not None:
+            logger.info("scheduled: %s", wakes.describe())
+        else:
+            nxt = wakes.next_wakes(1)
+            logger.info("scheduled: %s; next wake %s", wakes.describe(),
+                        nxt[0].isoformat() if nxt else "never")
+        if runner.policy == "known-work":
+            logger.info("wake policy known-work: a tick connects only after a trigger, with "
+                        "due work left, for a retry come due (not sooner than %s after the "
+                        "last run), or %s after the last run (--max-sleep)",
+                        fmt_seconds(idle.seconds), fmt_seconds(runner.state.max_sleep_s))
+        scheduler.start()
+        try:
+            while not stop.wait(0.5):
+                pass
+        finally:
+            http.close()  # no new drains from POST /drain; the one running ends below
+            scheduler.shutdown(wait=True)
     return runner.runs
+
+
+# -- the command ----------------------------------------------------------------------------------

@@ -345,6 +345,78 @@ def make_server(settings: Settings, host: str, port: int, *, token: str | None,
         raise DrainerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+class HttpHost:
+    """The HTTP side of ``drainer serve`` and ``drainer schedule --listen``, one shutdown order.
+
+    :meth:`start` serves a bound server on its own thread and logs where. Leaving the
+    ``with`` block shuts down in this order: stop accepting requests and release the port,
+    refuse new drains (a queued one is cancelled, the running one is asked to stop through
+    its stop event), then wait up to ``grace`` + 60 s for the running drain to finish or
+    release its jobs. :meth:`close` does the first part early, for a caller that has its
+    own work to end before the wait (the scheduler's run in progress).
+    """
+
+    def __init__(self, server: _Server | None, *, name: str, grace: float = 0.0) -> None:
+        self.server = server
+        self._name = name
+        self._wait_s = grace + 60
+        self._closed = False
+
+    @classmethod
+    def nothing(cls) -> HttpHost:
+        """A host with no server (``drainer schedule`` without ``--listen``)."""
+        return cls(None, name="none")
+
+    @property
+    def started(self) -> int:
+        """Drains started through POST /drain."""
+        return 0 if self.server is None else self.server.coalescer.started
+
+    def start(self, note: str, on_listening: Callable[[str, int], None] | None = None
+              ) -> tuple[str, int]:
+        """Serve on a thread; log ``listening on ...; <note>``; return the bound address."""
+        assert self.server is not None
+        host, port = self.server.server_address[:2]
+        assert isinstance(host, str)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+                         name=self._name, daemon=True).start()
+        logger.info("listening on http://%s:%d (POST /drain, GET /healthz, GET /runs/<id>); "
+                    "%s", host, port, note, extra={"port": port})
+        if on_listening is not None:
+            on_listening(host, port)
+        return host, port
+
+    def close(self) -> None:
+        """Stop accepting, release the port, start no new drain (the running one goes on)."""
+        if self.server is None or self._closed:
+            return
+        self._closed = True
+        self.server.shutdown()
+        self.server.server_close()
+        self.server.coalescer.shutdown(timeout=0)
+
+    def __enter__(self) -> HttpHost:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        if self.server is not None:
+            self.server.coalescer.shutdown(timeout=self._wait_s)
+
+
+def serve_until(server: _Server, stop: threading.Event, *, grace: float, note: str,
+                on_listening: Callable[[str, int], None] | None = None) -> int:
+    """Serve POST /drain until ``stop`` is set, shut down in order; return drains started.
+
+    The library form of ``drainer serve`` (no signal handlers installed: set ``stop``).
+    """
+    with HttpHost(server, name="drainer-serve-http", grace=grace) as http:
+        http.start(note, on_listening)
+        while not stop.wait(0.5):
+            pass
+    return http.started
+
+
 def trigger_token(settings: Settings, no_auth: bool) -> str | None:
     """The bearer token POST /drain wants (None with --no-auth); ConfigError when unset."""
     token = settings.trigger_token.get_secret_value() if settings.trigger_token else None

@@ -1,15 +1,23 @@
-"""The compute's idle timeout, and how long a schedule of wakes keeps the compute awake."""
+"""The compute's idle timeout, how long wakes keep it awake, and the known-work wake policy.
+
+Everything here is pure: times are passed in (epoch seconds), nothing connects, so the
+rules can be tested with any clock.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from drainer.errors import ConfigError
 from drainer.settings import PLATFORM_IDLE_TIMEOUTS
 
 if TYPE_CHECKING:
+    from drainer.drain import RunReport
     from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -19,6 +27,15 @@ logger = logging.getLogger(__name__)
 ASSUMED_IDLE_TIMEOUT_S = PLATFORM_IDLE_TIMEOUTS["neon"]
 
 DAY_S = 86400.0
+
+#: Without --max-runtime, a run stops claiming after this fraction of the shortest time
+#: between two wakes, so it ends well before the next wake.
+DEFAULT_MAX_RUNTIME_FRACTION = 0.5
+#: ... and never more than an hour (a weekly cron does not want 3.5-day drains).
+DEFAULT_MAX_RUNTIME_CAP_S = 3600.0
+
+#: ``--wake-policy``: ``always`` drains at every tick; ``known-work`` only for a reason.
+WAKE_POLICIES = ("always", "known-work")
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,34 @@ def idle_timeout_of(settings: Settings) -> IdleTimeout:
                            f"--platform {settings.platform}")
     return IdleTimeout(ASSUMED_IDLE_TIMEOUT_S,
                        "assumed: Neon/Aurora default; set --idle-timeout or --platform")
+
+
+def polls_faster_than_idle(period_s: float, idle: IdleTimeout, *,
+                           inclusive: bool = False) -> bool:
+    """Whether activity every ``period_s`` seconds keeps the compute awake all day.
+
+    The article's rule: any poll more often than the idle timeout keeps the compute up 24 h
+    a day. A compute that never suspends is always awake. ``inclusive`` counts a period
+    equal to the idle timeout as keeping it awake too (what ``drainer schedule`` refuses:
+    a wake exactly at the timeout finds the compute still up).
+    """
+    if idle.never_suspends:
+        return True
+    return period_s <= idle.seconds if inclusive else period_s < idle.seconds
+
+
+def max_runtime_for(gap_s: float, max_runtime: float | None, gap_name: str) -> float:
+    """The max runtime of one run between wakes ``gap_s`` apart (``gap_name`` says which).
+
+    Without ``max_runtime``: a fraction of the gap, at least 1 s, at most an hour; a given
+    one must be shorter than the gap (ConfigError).
+    """
+    if max_runtime is None:
+        return min(DEFAULT_MAX_RUNTIME_CAP_S, max(1.0, gap_s * DEFAULT_MAX_RUNTIME_FRACTION))
+    if max_runtime >= gap_s:
+        raise ConfigError(f"--max-runtime {fmt_seconds(max_runtime)} must be shorter than "
+                          f"{gap_name}")
+    return max_runtime
 
 
 def covered_seconds(starts: Iterable[float], length: float, window_start: float,
@@ -173,3 +218,90 @@ def fmt_share(share: float) -> str:
 
 def fmt_count(n: float) -> str:
     return f"{n:.0f}" if n >= 10 or n == int(n) else f"{n:.1f}"
+
+
+# -- the known-work wake policy -------------------------------------------------------------------
+
+
+@dataclass
+class WakeState:
+    """What the process knows about the queue, to tell whether a tick has a reason to wake.
+
+    Kept in memory only: a new process knows nothing, so its first tick drains in full.
+    Times are epoch seconds. ``last_end`` is when the last run (or failed attempt) ended:
+    the compute went quiet then, so a wake for a due retry waits until ``last_end +
+    idle_s`` (one wake then takes every retry that came due meanwhile).
+    """
+
+    idle_s: float
+    max_sleep_s: float
+    completed: int = 0
+    last_end: float | None = None
+    remaining_due: int = 0
+    next_due_at: float | None = None
+    triggers: int = 0
+    triggers_served: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def note_trigger(self) -> None:
+        with self._lock:
+            self.triggers += 1
+
+    def run_started(self) -> int:
+        """Call when a run starts; pass the result to :meth:`run_ended`."""
+        with self._lock:
+            return self.triggers
+
+    def run_ended(self, report: RunReport, triggers_at_start: int, at: float) -> None:
+        """A run completed: it saw every trigger that came before it started."""
+        nxt = datetime.fromisoformat(report.next_due_at) if report.next_due_at else None
+        with self._lock:
+            self.completed += 1
+            self.last_end = at
+            self.remaining_due = report.remaining_due
+            self.next_due_at = nxt.timestamp() if nxt is not None else None
+            self.triggers_served = max(self.triggers_served, triggers_at_start)
+
+    def run_failed(self, at: float) -> None:
+        """A run failed (database unreachable...): what was known stays, so it is retried."""
+        with self._lock:
+            self.last_end = at
+
+    def decide(self, now: float) -> tuple[bool, str]:
+        """(wake?, why) for a tick at ``now``."""
+        with self._lock:
+            if self.completed == 0:
+                if self.last_end is None:
+                    return True, "start: one full drain (a new process knows nothing)"
+                return True, "no complete drain yet (the last attempt failed)"
+            assert self.last_end is not None
+            pending = self.triggers - self.triggers_served
+            if pending > 0:
+                return True, (f"trigger: {pending} trigger{'' if pending == 1 else 's'} "
+                              "since the last complete drain")
+            if self.remaining_due > 0:
+                return True, (f"due work left: the last run stopped with "
+                              f"{self.remaining_due} due job"
+                              f"{'' if self.remaining_due == 1 else 's'}")
+            quiet_until = self.last_end + self.idle_s
+            held = ""
+            if self.next_due_at is not None and self.next_due_at <= now:
+                due = _clock(self.next_due_at)
+                if now >= quiet_until:
+                    return True, (f"retry due: a job the last run saw waiting came due at "
+                                  f"{due}")
+                held = (f"a job came due at {due}, held until {_clock(quiet_until)} (idle "
+                        "timeout after the last run) to group wakes; ")
+            asleep = now - self.last_end
+            if asleep >= self.max_sleep_s:
+                return True, (f"safety net: {fmt_seconds(asleep)} since the last run "
+                              f"(--max-sleep {fmt_seconds(self.max_sleep_s)})")
+            nxt = ("" if self.next_due_at is None or held else
+                   f"next job due {_clock(self.next_due_at)}; ")
+            return False, (f"no known work: no trigger since the last drain, none left due; "
+                           f"{held}{nxt}safety net at "
+                           f"{_clock(self.last_end + self.max_sleep_s)}")
+
+
+def _clock(t: float) -> str:
+    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")

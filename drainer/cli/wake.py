@@ -207,14 +207,13 @@ def serve_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer._signals import stop_on_signals
     from drainer.drain import resolve_queues
     from drainer.registry import default_registry
-    from drainer.serve import make_server, trigger_token
+    from drainer.serve import make_server, serve_until, trigger_token
 
     token = trigger_token(settings, args.no_auth)
     settings.dsn  # noqa: B018 - a missing database URL is a configuration error (exit 2)
     queues = resolve_queues(settings, default_registry)  # loads the app; exit 2 if wrong
     port = args.port if args.port is not None else _env_port()
     server = make_server(settings, args.host, port, token=token)
-    host, bound = server.server_address[:2]
     stop_requested = threading.Event()
 
     def stopping(name: str) -> None:
@@ -222,20 +221,10 @@ def serve_command(args: argparse.Namespace, settings: Settings) -> int:
                        "its jobs", name)
 
     with stop_on_signals(stop_requested, stopping):
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                  name="drainer-serve-http", daemon=True)
-        thread.start()
-        serve_log.info("listening on http://%s:%d (POST /drain, GET /healthz, GET "
-                       "/runs/<id>); queues: %s; no database connection until a drain is "
-                       "requested", host, bound, ", ".join(queues), extra={"port": bound})
-        try:
-            while not stop_requested.wait(0.5):
-                pass
-        finally:
-            server.shutdown()  # stop accepting
-            server.server_close()
-            server.coalescer.shutdown(timeout=settings.grace + 60)
-    serve_log.info("stopped after %d drain(s)", server.coalescer.started)
+        started = serve_until(server, stop_requested, grace=settings.grace,
+                              note=f"queues: {', '.join(queues)}; no database connection "
+                              "until a drain is requested")
+    serve_log.info("stopped after %d drain(s)", started)
     return 0
 
 

@@ -435,3 +435,41 @@ RETURNING j.id, target.status AS was;
 -- `drainer purge --dry-run`: how many finished jobs of one status are older than the cutoff.
 SELECT count(*) FROM {jobs}
 WHERE status = %(status)s AND finished_at < now() - make_interval(secs => %(older_than)s);
+
+-- name: audit_sample
+-- `drainer audit`: one sample of pg_stat_activity, every session but the audit's own
+-- (client backends, autovacuum workers, walsenders), narrowed by the filters given (NULL:
+-- all). clock_timestamp() is the sample's time on the server's clock, the clock of
+-- state_change and the other timestamps. Not about the jobs table: no identifiers.
+SELECT clock_timestamp() AS sampled_at, pid, backend_start,
+       coalesce(backend_type, 'unknown') AS backend_type, datname, usename,
+       application_name, host(client_addr) AS client_addr, state, state_change,
+       query_start, xact_start, left(query, %(query_chars)s) AS query
+FROM pg_stat_activity
+WHERE pid <> pg_backend_pid()
+  AND (backend_type IN ('client backend', 'autovacuum worker', 'walsender')
+       -- another role's session, hidden without pg_read_all_stats: reported as such
+       OR (backend_type IS NULL AND datname IS NOT NULL))
+  AND (%(databases)s::text[] IS NULL OR datname = ANY(%(databases)s::text[]))
+  AND (%(users)s::text[] IS NULL OR usename = ANY(%(users)s::text[]))
+  AND (%(applications)s::text[] IS NULL OR application_name LIKE ANY(%(applications)s::text[]))
+  AND (%(pids)s::int[] IS NULL OR pid = ANY(%(pids)s::int[]))
+ORDER BY pid;
+
+-- name: audit_session_counts
+-- `drainer audit`: sessions ever opened per database. Connections opened and closed between
+-- two samples never show in pg_stat_activity; this count does (PostgreSQL 15+:
+-- pg_stat_force_next_flush() makes the audit's own counts exact, so they can be told apart).
+SELECT clock_timestamp() AS sampled_at, datname, sessions,
+       pg_stat_force_next_flush() IS NULL AS flushed
+FROM pg_stat_database
+WHERE datname IS NOT NULL
+  AND (%(databases)s::text[] IS NULL OR datname = ANY(%(databases)s::text[]));
+
+-- name: audit_flush_counters
+-- `drainer audit`, before the first sample: count the audit's own connection now.
+SELECT pg_stat_force_next_flush();
+
+-- name: audit_clock
+-- `drainer audit`: the server's clock, for a sample that saw no row to take it from.
+SELECT clock_timestamp();
