@@ -97,6 +97,18 @@ def test_the_readme_tutorial_is_the_docs_tutorial() -> None:
     assert strip.sub("", tutorial_script(readme)) == strip.sub("", tutorial_script(docs))
 
 
+
+@pytest.mark.parametrize("page", ["README.md", "docs/tutorial.md"])
+def test_each_file_is_named_in_the_text(page: str) -> None:
+    """GitHub does not show a block's title: the sentence before it names the file."""
+    text = (ROOT / page).read_text()
+    lines = text.split("\n")
+    titled = [b for b in blocks(text) if b.title]
+    assert titled
+    for b in titled:
+        before = next(ln for ln in reversed(lines[:b.line - 1]) if ln.strip())
+        assert f"`{b.title}`" in before, (page, b.line, before)
+
 def _runnable() -> list[tuple[str, int, str]]:
     found = []
     for page in sorted(DOCS.glob("*.md")):

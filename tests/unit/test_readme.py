@@ -161,3 +161,14 @@ def test_the_using_it_example_imports_what_it_uses() -> None:
     for page in [ROOT / "README.md", *DOCS.glob("*.md")]:
         text = page.read_text()
         assert not re.search(r"from drainer import [^\n]*\bJobSpec\b", text), page.name
+
+
+def test_every_run_report_key_is_documented() -> None:
+    import dataclasses
+
+    from drainer.drain import RunReport
+
+    text = (DOCS / "how-it-works.md").read_text()
+    section = text[text.index("## The run report"):text.index("## The jobs table")]
+    missing = [f.name for f in dataclasses.fields(RunReport) if f"`{f.name}`" not in section]
+    assert not missing, missing
