@@ -5,6 +5,7 @@ the README used to hold still have their sections."""
 from __future__ import annotations
 
 import re
+import shlex
 
 import pytest
 
@@ -172,3 +173,43 @@ def test_every_run_report_key_is_documented() -> None:
     section = text[text.index("## The run report"):text.index("## The jobs table")]
     missing = [f.name for f in dataclasses.fields(RunReport) if f"`{f.name}`" not in section]
     assert not missing, missing
+
+
+def _documented_command_lines() -> list[tuple[str, int, list[str]]]:
+    """Every `drainer ...` line of the shell blocks of the README and the docs, as words."""
+    from tests.docs_snippets import blocks
+
+    found = []
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for b in blocks(page.read_text()):
+            if b.lang not in {"sh", ""}:
+                continue
+            for line in b.code.replace("\\\n", " ").splitlines():
+                m = re.search(r"(?:^|&& |exec |\$ )(?:[A-Z_]+=\S+ )*\S*\bdrainer (.*)$",
+                              line.strip())
+                if m is None or line.lstrip().startswith("#"):
+                    continue
+                words = shlex.split(m.group(1), comments=True)
+                if "..." in words:
+                    continue  # an elided example, not a command line
+                for op in ("<", ">", ">>", "|", "&&", "2>&1"):
+                    if op in words:
+                        words = words[:words.index(op)]
+                found.append((f"{page.name}:{b.line}", len(found), words))
+    return found
+
+
+def test_every_documented_command_line_parses(capsys: pytest.CaptureFixture[str]) -> None:
+    from drainer.cli import build_parser
+
+    lines = _documented_command_lines()
+    assert len(lines) >= 30
+    bad = []
+    for where, _, words in lines:
+        try:
+            build_parser().parse_args(words)
+        except SystemExit as exc:
+            if not (exc.code == 0 and "--help" in words):
+                bad.append((where, " ".join(words)))
+    capsys.readouterr()
+    assert not bad, bad
