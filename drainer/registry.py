@@ -111,6 +111,20 @@ class TaskHandler(Protocol[R_co]):
     def enqueue_many(self) -> BoundEnqueueMany: ...
 
 
+#: A queue name, or a ``@task`` handler standing for its queue.
+QueueRef = str | TaskHandler[Any]
+
+
+def queue_of(queue: QueueRef) -> str:
+    """A queue name, or the queue of a ``@task`` handler (the contrib producers take both)."""
+    if isinstance(queue, str):
+        return queue
+    name = getattr(queue, "queue", None)
+    if not isinstance(name, str):
+        raise TypeError(f"expected a queue name or a @task handler, got {queue!r}")
+    return name
+
+
 class _Bound:
     """A producer bound to one task: its queue, and its max_attempts as the default."""
 

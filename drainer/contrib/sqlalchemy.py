@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from drainer import producer
 from drainer.producer import EnqueueResult, JobSpec
+from drainer.registry import QueueRef, queue_of
 from drainer.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_SCHEMA, DEFAULT_TABLE
 from drainer.trigger import fire_after_commit
 
@@ -129,26 +130,27 @@ def _want_trigger(session: Session | None, settings: Settings | None) -> None:
 
 
 @overload
-def enqueue(target: SyncTarget, queue: str, payload: Any, *, run_at: datetime | None = ...,
+def enqueue(target: SyncTarget, queue: QueueRef, payload: Any, *, run_at: datetime | None = ...,
             priority: int = ..., max_attempts: int = ..., dedup_key: str | None = ...,
             schema: str = ..., table: str = ..., trigger: Settings | None = ...
             ) -> int | None: ...
 
 
 @overload
-def enqueue(target: AsyncTarget, queue: str, payload: Any, *, run_at: datetime | None = ...,
+def enqueue(target: AsyncTarget, queue: QueueRef, payload: Any, *, run_at: datetime | None = ...,
             priority: int = ..., max_attempts: int = ..., dedup_key: str | None = ...,
             schema: str = ..., table: str = ..., trigger: Settings | None = ...
             ) -> Coroutine[Any, Any, int | None]: ...
 
 
-def enqueue(target: SyncTarget | AsyncTarget, queue: str, payload: Any, *,
+def enqueue(target: SyncTarget | AsyncTarget, queue: QueueRef, payload: Any, *,
             run_at: datetime | None = None, priority: int = 0,
             max_attempts: int = DEFAULT_MAX_ATTEMPTS, dedup_key: str | None = None,
             schema: str = DEFAULT_SCHEMA, table: str = DEFAULT_TABLE,
             trigger: Settings | None = None) -> int | Coroutine[Any, Any, int | None] | None:
     """:func:`drainer.producer.enqueue` in the transaction of a Session or a Connection.
 
+    ``queue`` is a queue name or a ``@task`` handler (its queue: no name to misspell).
     Returns the job's id (None for a dedup_key already queued or running). With an
     AsyncSession or an AsyncConnection it returns the awaitable of :func:`enqueue_async`.
     """
@@ -158,17 +160,18 @@ def enqueue(target: SyncTarget | AsyncTarget, queue: str, payload: Any, *,
     if isinstance(target, AsyncSession | AsyncConnection):
         return enqueue_async(target, queue, payload, trigger=trigger, **options)
     session = _session_of(target, trigger)
-    job_id = producer.enqueue(_sync_conn(target), queue, payload, **options)
+    job_id = producer.enqueue(_sync_conn(target), queue_of(queue), payload, **options)
     if job_id is not None:
         _want_trigger(session, trigger)
     return job_id
 
 
-async def enqueue_async(target: AsyncTarget, queue: str, payload: Any, *,
+async def enqueue_async(target: AsyncTarget, queue: QueueRef, payload: Any, *,
                         trigger: Settings | None = None, **options: Any) -> int | None:
     """:func:`enqueue` for an AsyncSession or an AsyncConnection (same options)."""
     session = _session_of(target, trigger)
-    job_id = await producer.enqueue_async(await _async_conn(target), queue, payload, **options)
+    job_id = await producer.enqueue_async(await _async_conn(target), queue_of(queue), payload,
+                                          **options)
     if job_id is not None:
         _want_trigger(session, trigger)
     return job_id

@@ -181,3 +181,22 @@ def test_call_command(schema: str) -> None:
     call_command("drainer", "--database", "default", "migrate", "--schema", schema)
 
 
+
+
+def test_a_task_handler_stands_for_its_queue(shop: str, pg_url: str) -> None:
+    from django.db import transaction
+
+    from drainer.contrib.django import enqueue
+    from drainer.registry import Registry
+
+    reg = Registry()
+
+    @reg.task("shop-invoices")
+    def send_invoice(job: object) -> None:
+        pass
+
+    with transaction.atomic():
+        enqueue(send_invoice, {"order": 1}, schema=shop)
+    with pytest.raises(TypeError, match="@task handler"):
+        enqueue(object(), {}, schema=shop)  # type: ignore[arg-type]
+    assert count_jobs(pg_url, shop, "shop-invoices") == 1

@@ -166,3 +166,18 @@ def test_async_session(pg_url: str, migrated: Settings, trig: Settings,
     asyncio.run(main())
     assert count_jobs(pg_url, schema, "emails") == 3
     assert count_jobs(pg_url, schema, "bulk") == 400
+
+
+def test_a_task_handler_stands_for_its_queue(engine: Engine, migrated: Settings,
+                                             pg_url: str) -> None:
+    from drainer.registry import Registry
+
+    reg = Registry()
+
+    @reg.task("invoices")
+    def send_invoice(job: object) -> None:
+        pass
+
+    with Session(engine) as session, session.begin():
+        dsa.enqueue(session, send_invoice, {"order": 1}, schema=migrated.schema_name)
+    assert count_jobs(pg_url, migrated.schema_name, "invoices") == 1

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from drainer.producer import EnqueueResult, JobSpec
+    from drainer.registry import QueueRef
     from drainer.settings import Settings
 
 __all__ = ["database_url", "enqueue", "enqueue_many", "migrate_schema", "psycopg_connection"]
@@ -72,19 +73,21 @@ def _on_commit(settings: Settings | None, using: str) -> None:
     transaction.on_commit(partial(fire_after_commit, settings), using=using)
 
 
-def enqueue(queue: str, payload: Any, *, run_at: datetime | None = None, priority: int = 0,
+def enqueue(queue: QueueRef, payload: Any, *, run_at: datetime | None = None, priority: int = 0,
             max_attempts: int = DEFAULT_MAX_ATTEMPTS, dedup_key: str | None = None,
             schema: str = DEFAULT_SCHEMA, table: str = DEFAULT_TABLE, using: str = "default",
             trigger: Settings | None = None) -> int | None:
     """:func:`drainer.producer.enqueue` on Django's connection ``using``.
 
     Inside ``transaction.atomic(using=using)`` the job is part of that transaction; outside,
-    it commits at once (Django's autocommit). Returns the job id (None for a dedup_key
+    it commits at once (Django's autocommit). ``queue`` is a queue name or a ``@task``
+    handler (its queue: no name to misspell). Returns the job id (None for a dedup_key
     already queued or running).
     """
     from drainer.producer import enqueue as _enqueue
+    from drainer.registry import queue_of
 
-    job_id = _enqueue(psycopg_connection(using), queue, payload, run_at=run_at,
+    job_id = _enqueue(psycopg_connection(using), queue_of(queue), payload, run_at=run_at,
                       priority=priority, max_attempts=max_attempts, dedup_key=dedup_key,
                       schema=schema, table=table)
     if job_id is not None:
