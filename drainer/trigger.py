@@ -15,6 +15,7 @@ from drainer._redact import redact
 if TYPE_CHECKING:
     import psycopg
 
+    from drainer.registry import QueueRef
     from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -99,11 +100,13 @@ class TriggerTransaction:
         self.fired: bool | None = None
         """None until the block ends; then whether the trigger answered 2xx."""
 
-    def enqueue(self, queue: str, payload: Any, **options: Any) -> int | None:
-        """:func:`drainer.producer.enqueue` on this transaction's connection and table."""
+    def enqueue(self, queue: QueueRef, payload: Any, **options: Any) -> int | None:
+        """:func:`drainer.producer.enqueue` on this transaction's connection and table
+        (``queue``: a name or a ``@task`` handler)."""
         from drainer.producer import enqueue
+        from drainer.registry import queue_of
 
-        job_id = enqueue(self.conn, queue, payload, schema=self.settings.schema_name,
+        job_id = enqueue(self.conn, queue_of(queue), payload, schema=self.settings.schema_name,
                          table=self.settings.table, **options)
         if job_id is not None:
             self.enqueued += 1
@@ -182,11 +185,13 @@ class AsyncTriggerTransaction:
         self.fired: bool | None = None
         """None until the block ends; then whether the trigger answered 2xx."""
 
-    async def enqueue(self, queue: str, payload: Any, **options: Any) -> int | None:
-        """:func:`drainer.producer.enqueue_async` on this transaction's connection and table."""
+    async def enqueue(self, queue: QueueRef, payload: Any, **options: Any) -> int | None:
+        """:func:`drainer.producer.enqueue_async` on this transaction's connection and table
+        (``queue``: a name or a ``@task`` handler)."""
         from drainer.producer import enqueue_async
+        from drainer.registry import queue_of
 
-        job_id = await enqueue_async(self.conn, queue, payload,
+        job_id = await enqueue_async(self.conn, queue_of(queue), payload,
                                      schema=self.settings.schema_name,
                                      table=self.settings.table, **options)
         if job_id is not None:

@@ -179,11 +179,17 @@ def test_typed_enqueue_is_bound_to_the_tasks_queue(pg_url: str, migrated: Settin
             await build_report.enqueue_async(aconn, {"r": 1}, schema=schema)
             await build_report.enqueue(aconn, {"r": 2}, schema=schema, max_attempts=2)
             await build_report.enqueue_many(aconn, [{"r": 3}], schema=schema)
+            await aconn.commit()
+            async with trigger.transaction_async(aconn, migrated) as tx:
+                await tx.enqueue(build_report, {"r": 4})  # the handler stands for its queue
+
+    with psycopg.connect(pg_url) as conn, trigger.transaction(conn, migrated) as stx:
+        stx.enqueue(send_email, {"to": "d"})
 
     asyncio.run(main())
     with psycopg.connect(pg_url) as conn:
         rows = conn.execute(f"SELECT queue, max_attempts, priority FROM {schema}.jobs "
                             "ORDER BY id").fetchall()
     d = DEFAULT_MAX_ATTEMPTS  # the task sets none: the producer's default
-    assert rows == [("emails", 7, 0), ("emails", 7, 1), ("emails", 7, 1),
-                    ("reports", d, 0), ("reports", 2, 0), ("reports", d, 0)]
+    assert rows == [("emails", 7, 0), ("emails", 7, 1), ("emails", 7, 1), ("emails", d, 0),
+                    ("reports", d, 0), ("reports", 2, 0), ("reports", d, 0), ("reports", d, 0)]
