@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import logging
 import urllib.error
 import urllib.request
@@ -41,7 +42,7 @@ def fire(settings: Settings, timeout: float = TRIGGER_TIMEOUT_S) -> bool:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             status: int = response.status
             ok = 200 <= status < 300
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         logger.warning("drain trigger to %s failed (the job is queued; the next drain takes "
                        "it): %s", redact(url), redact(str(exc)))
         return False

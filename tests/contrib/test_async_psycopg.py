@@ -193,3 +193,28 @@ def test_typed_enqueue_is_bound_to_the_tasks_queue(pg_url: str, migrated: Settin
     d = DEFAULT_MAX_ATTEMPTS  # the task sets none: the producer's default
     assert rows == [("emails", 7, 0), ("emails", 7, 1), ("emails", 7, 1), ("emails", d, 0),
                     ("reports", d, 0), ("reports", 2, 0), ("reports", d, 0), ("reports", d, 0)]
+
+
+def test_a_garbled_answer_is_a_failed_trigger_not_an_exception(migrated: Settings) -> None:
+    """A server that answers something that is not HTTP (http.client.BadStatusLine)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def answer() -> None:
+        c, _ = srv.accept()
+        c.recv(65536)
+        c.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        c.close()
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    url = f"http://127.0.0.1:{srv.getsockname()[1]}/drain"
+    try:
+        assert trigger.fire(migrated.model_copy(update={"trigger_url": url}), 2.0) is False
+    finally:
+        t.join(5)
+        srv.close()
