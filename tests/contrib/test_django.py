@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -25,10 +26,16 @@ MANAGE = ROOT / "tests" / "contrib" / "django_project" / "manage.py"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def django_ready(pg_url: str) -> None:
+def django_ready(pg_url: str) -> Iterator[None]:
+    """Django set up once; the variables it sets (TZ, ...) put back for the other tests."""
+    saved = dict(os.environ)
     os.environ["DRAINER_TEST_DATABASE_URL"] = pg_url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
     django.setup()
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+    time.tzset()
 
 
 @pytest.fixture

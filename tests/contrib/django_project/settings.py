@@ -12,6 +12,8 @@ _PARTS = conninfo_to_dict(_URL)
 
 SECRET_KEY = "drainer-tests"
 USE_TZ = True
+# Django sets os.environ["TZ"] from TIME_ZONE (default America/Chicago) at setup.
+TIME_ZONE = "UTC"
 INSTALLED_APPS = ["drainer.contrib.django", "tests.contrib.django_project.shop"]
 DATABASES = {
     "default": {
