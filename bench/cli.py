@@ -451,6 +451,7 @@ class Ctx:
         self.io_n: int = args.io_jobs
         self.io_sleep: float = args.io_sleep
         self.io_plan: list[tuple[str, int]] = args.io_plan
+        self.io_repeat: int = args.io_repeat or args.repeat
         self.db = ensure_database(self.server, args.database)
         self.results: dict[str, Any] = {}
 
@@ -478,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Round-trip times of the link-drain and link-empty sections, in ms, "
                    "through the delay proxy [0,10].")
     p.add_argument("--io-jobs", type=int, default=4_000, help="Jobs of the io section [4,000].")
+    p.add_argument("--io-repeat", type=int, default=None,
+                   help="Repetitions of each io contender [--repeat]; procrastinate takes "
+                   "20-80 s per run of 4,000 jobs.")
     p.add_argument("--io-sleep", type=float, default=0.05,
                    help="Seconds each io job waits [0.05].")
     p.add_argument("--io-plan", type=_io_plan, default=parse_plan(DEFAULT_PLAN),
@@ -547,7 +551,12 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.output is not None:
         args.output.with_suffix(".md").write_text(text + "\n")
-        args.output.with_suffix(".json").write_text(json.dumps(ctx.results, indent=1) + "\n")
+        meta = {"command": f"python3 dev.py bench {' '.join(shown_args)}",
+                "date": f"{started:%Y-%m-%d %H:%M} UTC", "rtt_ms": ctx.rtts,
+                "cpus": os.cpu_count(), "python": platform.python_version(),
+                "load_average_end": list(os.getloadavg())}
+        args.output.with_suffix(".json").write_text(
+            json.dumps({"meta": meta, **ctx.results}, indent=1) + "\n")
     return 0
 
 

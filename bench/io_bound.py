@@ -143,7 +143,7 @@ def section_io(ctx: Ctx) -> list[str]:
     rates: list[list[float]] = [[] for _ in contenders]
     walls: list[list[float]] = [[] for _ in contenders]
     notes: list[list[str]] = [[] for _ in contenders]
-    for rnd in range(ctx.repeat):
+    for rnd in range(ctx.io_repeat):
         k = rnd % len(contenders)
         order = list(range(len(contenders)))
         for i in order[k:] + order[:k]:
@@ -161,7 +161,7 @@ def section_io(ctx: Ctx) -> list[str]:
                 continue
             rates[i].append(n / window)
             walls[i].append(n / timed.wall)
-            log(f"round {rnd + 1}/{ctx.repeat} io {kind} {con.name}: {n / window:,.0f} jobs/s "
+            log(f"round {rnd + 1}/{ctx.io_repeat} io {kind} {con.name}: {n / window:,.0f} jobs/s "
                 f"in the handlers' window ({window:.3f} s), {n / timed.wall:,.0f} jobs/s wall")
     ctx.results["io"] = {"jobs": n, "sleep_s": sleep, "runs": [
         {"handlers": kind, "concurrency": c, "contender": con.name,
@@ -188,7 +188,8 @@ def section_io(ctx: Ctx) -> list[str]:
               "start-up left out; wall: process start to exit.",
               "Settings: drainer `run-once --concurrency C` otherwise default (async handlers "
               "as drainer runs them today); procrastinate `run_worker_async(concurrency=C, "
-              "wait=False)`, psycopg pool max 20, default executor C threads; pgqueuer drain "
-              "mode, `max_concurrent_tasks=C`, `batch_size=max(10, C/4)`, sync handler in "
-              "`asyncio.to_thread` with C threads (bench/peer_io.py)."]
+              "wait=False)`, psycopg pool max 10, default executor C threads; pgqueuer drain "
+              "mode, `max_concurrent_tasks=C`, `batch_size=min(100, C/2)`, sync handler in "
+              "`asyncio.to_thread` with C threads; the best of the settings tried (see "
+              "bench/peer_io.py)."]
     return lines

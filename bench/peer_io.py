@@ -5,16 +5,21 @@
 Their best settings as far as this harness knows them, the same for every run:
 
 - procrastinate: ``run_worker_async(concurrency=C, wait=False)`` (one-shot), a psycopg pool of
-  up to 20 connections; sync tasks run in procrastinate's threads, the loop's default executor
+  at most 10 connections (of 10, 20 and 50 tried at C=200 and 1,000 with 4,000 jobs, 10 was
+  best or level); sync tasks run in procrastinate's threads, the loop's default executor
   sized to C threads.
-- pgqueuer: drain mode, ``max_concurrent_tasks=C``, ``batch_size=C/4`` (at least 10); a sync
-  handler runs in ``asyncio.to_thread`` with a default executor of C threads (pgqueuer
-  entrypoints are async).
+- pgqueuer: drain mode, ``max_concurrent_tasks=C``, ``batch_size=min(100, C/2)`` (at least 10;
+  of 10, 50 and 100 tried, 100 was best at sync C=200 and async C=1,000, 50 at async C=200
+  by 15%); a sync handler runs in ``asyncio.to_thread`` with a default executor of C threads
+  (pgqueuer entrypoints are async).
+
+BENCH_PROC_POOL and BENCH_PGQ_BATCH override the pool size and the batch size.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +36,7 @@ async def procrastinate_main(kind: str, concurrency: int, dsn: str) -> None:
 
     _threads(concurrency)
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(
-        conninfo=dsn, min_size=1, max_size=20))
+        conninfo=dsn, min_size=1, max_size=int(os.environ.get("BENCH_PROC_POOL", "10"))))
     if kind == "async":
         @app.task(name="io", queue="io")
         async def io_async() -> None:
@@ -49,7 +54,7 @@ async def procrastinate_main(kind: str, concurrency: int, dsn: str) -> None:
 
 
 def pgqueuer_batch(concurrency: int) -> int:
-    return max(10, concurrency // 4)
+    return int(os.environ.get("BENCH_PGQ_BATCH", 0)) or max(10, min(100, concurrency // 2))
 
 
 async def pgqueuer_main(kind: str, concurrency: int, dsn: str) -> None:
