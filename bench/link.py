@@ -67,13 +67,6 @@ def _med(xs: list[float] | list[int]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def _measure(proxy: DelayProxy | None, sessions: list[Session]) -> tuple[float, float, int, int]:
-    if proxy is None:
-        return float("nan"), float("nan"), 0, 0
-    return (compute_seconds(sessions), held_seconds(sessions),
-            sum(s.statements for s in sessions), len(sessions))
-
-
 def link_race(entries: list[tuple[Contender, float | None]], proxies: dict[float, DelayProxy],
               n: int, repeat: int) -> list[Runs]:
     """Drain ``n`` jobs with each (contender, link), ``repeat`` rounds, the order rotating."""
@@ -103,15 +96,18 @@ def link_race(entries: list[tuple[Contender, float | None]], proxies: dict[float
                 runs.notes.append(problem)
                 log(f"{c.name} ({link_label(rtt)}): INVALID run: {problem}")
                 continue
-            comp, sess, stmts, conns = _measure(proxy, sessions)
             runs.rates.append(n / timed.wall)
-            runs.compute.append(comp / n * 1000)
-            runs.session_s.append(sess / n * 1000)
-            runs.statements.append(stmts)
-            runs.connections.append(conns)
-            log(f"round {rnd + 1}/{repeat} {c.name} ({link_label(rtt)}): "
-                f"{n / timed.wall:,.0f} jobs/s, compute {comp:.2f} s, {stmts} statements, "
-                f"{conns} connections")
+            text = f"{n / timed.wall:,.0f} jobs/s"
+            if proxy is not None:  # a direct run has no held time to show
+                comp, sess = compute_seconds(sessions), held_seconds(sessions)
+                stmts = sum(s.statements for s in sessions)
+                runs.compute.append(comp / n * 1000)
+                runs.session_s.append(sess / n * 1000)
+                runs.statements.append(stmts)
+                runs.connections.append(len(sessions))
+                text += (f", compute {comp:.2f} s, {stmts} statements, {len(sessions)} "
+                         "connections")
+            log(f"round {rnd + 1}/{repeat} {c.name} ({link_label(rtt)}): {text}")
     return out
 
 
