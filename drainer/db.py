@@ -6,7 +6,7 @@ import logging
 import re
 import selectors
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -443,8 +443,8 @@ class ClaimPipeline:
         return written, rows
 
     def close(self) -> list[tuple[set[int], list[ClaimedRow]] | BaseException]:
-        """Read every statement still in flight (results or errors, in order); the
-        connection is then free for other statements."""
+        """Read every statement still in flight (results or errors, in order; a broken
+        connection raises at once); the connection is then free for other statements."""
         out: list[tuple[set[int], list[ClaimedRow]] | BaseException] = []
         while self.in_flight:
             try:
@@ -503,12 +503,3 @@ def _results(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
         out.append(res)
     return out
 
-
-def as_lists(pairs: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
-    """Split ``(id, attempts)`` pairs into the two arrays the *_many statements take."""
-    ids: list[int] = []
-    attempts: list[int] = []
-    for i, a in pairs:
-        ids.append(i)
-        attempts.append(a)
-    return ids, attempts

@@ -40,8 +40,8 @@ Batch = list[tuple["Task", db.ClaimedRow]]
 
 
 def claim_size(batch_size: int, max_jobs: int | None, claimed: int, ahead: int = 0) -> int:
-    """The next claim's size: a batch, or what is left under --max-jobs once the jobs
-    claimed and the claims still in flight (``ahead``) are counted."""
+    """The next claim's size: a batch, or what is left under --max-jobs, less the sizes of
+    the claims still in flight (``ahead``): a whole batch in flight leaves no room."""
     size = batch_size if max_jobs is None else min(batch_size, max_jobs - claimed)
     return size - ahead
 
@@ -225,31 +225,42 @@ class Claims:
         assert self.pipeline is not None
         sent = self.ahead.pop(0)
         try:
-            written, rows = self.pipeline.receive()
+            result = self.pipeline.receive()
         except psycopg.errors.DeadlockDetected as exc:
-            # it rolled back whole: nothing written, nothing claimed; write them again later
-            logger.warning("pipelined completion and claim deadlocked, writing again: %s",
-                           db._one_line(exc), extra={"run_id": self.report.run_id})
-            self.outcomes.put_back(sent.successes)
-            self.last_full = False
+            return self._deadlocked(sent, exc)
+        return self._received(sent, result)
+
+    def settle(self) -> Batch:
+        """Read every statement in flight, so that the connection can run another; an
+        error is raised once all are read (their results count)."""
+        if not self.ahead:
             return []
+        assert self.pipeline is not None
+        sent, self.ahead = self.ahead, []
+        batch: Batch = []
+        error: BaseException | None = None
+        for ahead, result in zip(sent, self.pipeline.close(), strict=True):
+            if isinstance(result, psycopg.errors.DeadlockDetected):
+                self._deadlocked(ahead, result)
+            elif isinstance(result, BaseException):
+                error = error or result
+            else:
+                batch.extend(self._received(ahead, result))
+        if error is not None:
+            raise error
+        return batch
+
+    def _received(self, sent: _Ahead, result: tuple[set[int], list[db.ClaimedRow]]) -> Batch:
+        written, rows = result
         self.outcomes.written(sent.successes, written)
         self._took(sent.idx, sent.size, len(rows), in_step=False)
         task = self._task(sent.idx)
         return [(task, r) for r in rows]
 
-    def settle(self) -> Batch:
-        """Read every statement in flight, so that the connection can run another."""
-        error: psycopg.Error | None = None
-        batch: Batch = []
-        while self.ahead:
-            try:
-                batch.extend(self.receive())
-            except psycopg.OperationalError:
-                raise
-            except psycopg.Error as exc:  # read the rest first: their results count
-                error = error or exc
-        if error is not None:
-            raise error
-        return batch
-
+    def _deadlocked(self, sent: _Ahead, exc: BaseException) -> Batch:
+        # it rolled back whole: nothing written, nothing claimed; write them again later
+        logger.warning("pipelined completion and claim deadlocked, writing again: %s",
+                       db._one_line(exc), extra={"run_id": self.report.run_id})
+        self.outcomes.put_back(sent.successes)
+        self.last_full = False
+        return []
