@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from drainer.errors import DrainerError
 
 if TYPE_CHECKING:
-    from drainer.drain import RunReport
+    from drainer.drain.report import RunReport
     from drainer.settings import AnySettings
 
 logger = logging.getLogger(__name__)
