@@ -4,7 +4,9 @@ The parts: :mod:`.claims` (which queue, how many, in step / combined / ahead),
 :mod:`.handlers` (calling handlers), :mod:`.outcomes` (fenced batched writes),
 :mod:`.leases` (the heartbeat), :mod:`.limits` (stop, deadline, --max-jobs),
 :mod:`.loop` (the state machine over them), :mod:`.report` (the run report);
-maintenance (reaper, archiver, vacuum) is :mod:`drainer.maintenance`.
+maintenance (reaper, archiver, vacuum) is :mod:`drainer.maintenance`. Work done once at
+the start of a run (the reaper today; a sync of recurring definitions would go next to it)
+is a maintenance service's ``run_once()`` called from :func:`run_once` below.
 """
 
 from __future__ import annotations

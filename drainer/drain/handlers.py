@@ -1,7 +1,10 @@
 """Calling handlers: sync and async, timeouts, errors as stored text, the handler threads.
 
 Nothing here touches the database: :class:`Handlers` takes jobs to run and hands back
-their :class:`Outcome`; the drain loop decides what to write.
+their :class:`Outcome`; the drain loop decides what to write. The loop uses only
+``start``, ``wait``, ``in_flight``, ``has_room``/``slots``, ``take_back`` and
+``still_running``, so async handlers on one long-lived event loop can be another class
+with those methods (today each async handler gets its own ``asyncio.run``).
 """
 
 from __future__ import annotations

@@ -95,7 +95,8 @@ class Drain:
                 self.handlers.shutdown()
 
     def step(self) -> None:
-        limit = self._limit()
+        """One turn of the loop while CLAIMING or DRAINED."""
+        limit = self._check_limits()
         if limit is None and self.phase is Phase.CLAIMING and not self.pending \
                 and not self.claims.ahead:
             self._claim()
@@ -103,50 +104,67 @@ class Drain:
             # shutdown, or past the deadline: claimed jobs that have not started go back at
             # once (running a whole batch could overrun a platform limit)
             self._release(take_back=True)
-        while self.pending and self.handlers.has_room(self.pending[0]):
-            self._start(self.pending.popleft())
-        if not self.pending and self.handlers.in_flight() and not self.claims.ahead \
-                and self._may_send_ahead():
-            self.claims.send_ahead()  # the batch is handed over: claim the next while it runs
-        self._collect_finished()
-        idle = not self.pending and not self.handlers.in_flight()
-        if idle:
-            self.clock.finish(time.monotonic())
-        if self.claims.ahead and not idle and self.clock.slow_now(time.monotonic()):
-            # a slow batch: take the jobs claimed ahead out of the socket, where the
-            # heartbeat could not extend their leases
-            self._take(self.claims.settle())
-        if self.claims.ahead:
-            if idle:
-                # the batch in hand is done and the next was claimed while it ran: send its
-                # successes (with another claim), then take the next batch
-                if self._may_send_ahead():
-                    self.claims.send_ahead()
-                self._take(self.claims.receive())
-                self._show_progress()
+        self._hand_over()
+        idle = self._collect_finished()
+        if self.claims.ahead and self._read_ahead(idle):
             return
-        buffered = len(self.outcomes)
-        if buffered and (not self.pending or buffered >= self.batch_size):
-            if idle and self.phase is Phase.CLAIMING and self.claims.can_combine() \
-                    and not self._vacuum_due() and self._limit() is None:
-                self._claim(with_successes=True)  # batch done, next claim due: one round trip
-                return
-            self.outcomes.write()
-            self._show_progress()
-            if idle and self.phase is Phase.CLAIMING and self.vacuum is not None \
-                    and self._vacuum_due():
-                self.vacuum.run_once(self.report.finished)
-        if self.pending or self.handlers.in_flight():
-            if (self.limits.must_release() or (limit is not None and not self.pending)) \
-                    and self.handlers.in_flight():
+        if self._write_or_claim(idle):
+            return
+        busy = self.handlers.in_flight()
+        if self.pending or busy:
+            if busy and (self.limits.must_release() or (limit is not None and not self.pending)):
                 self.phase = Phase.STOPPING
         elif self.phase is Phase.DRAINED or limit is not None:
             self.phase = Phase.DONE
 
+    def _hand_over(self) -> None:
+        """Start what may start; once the batch is handed over, claim the next ahead."""
+        while self.pending and self.handlers.has_room(self.pending[0]):
+            self.clock.start(time.monotonic())
+            self.handlers.start(self.pending.popleft())
+        if not self.pending and self.handlers.in_flight() and not self.claims.ahead \
+                and self._may_send_ahead():
+            self.claims.send_ahead()
+
+    def _read_ahead(self, idle: bool) -> bool:
+        """With claims in flight: read one once the batch in hand is done (True: this step
+        is over), or all of them when the batch runs slow."""
+        if not idle:
+            if not self.clock.slow_now(time.monotonic()):
+                return True
+            # a slow batch: take the jobs claimed ahead out of the socket, where the
+            # heartbeat could not extend their leases
+            self._take(self.claims.settle())
+            return False
+        # the batch in hand is done and the next was claimed while it ran: send its
+        # successes (with another claim), then take the next batch
+        if self._may_send_ahead():
+            self.claims.send_ahead()
+        self._take(self.claims.receive())
+        self._show_progress()
+        return True
+
+    def _write_or_claim(self, idle: bool) -> bool:
+        """Write the outcomes of a finished batch (or a batch worth of them), with the next
+        claim when it is due (True: this step is over); VACUUM between batches."""
+        buffered = len(self.outcomes)
+        if not buffered or (self.pending and buffered < self.batch_size):
+            return False
+        if idle and self.phase is Phase.CLAIMING and self.claims.can_combine() \
+                and not self._vacuum_due() and self._check_limits() is None:
+            self._claim(with_successes=True)  # one round trip
+            return True
+        self.outcomes.write()
+        self._show_progress()
+        if idle and self.phase is Phase.CLAIMING and self.vacuum is not None \
+                and self._vacuum_due():
+            self.vacuum.run_once(self.report.finished)
+        return False
+
     def stop(self) -> None:
         """Release what did not start, give running handlers the grace period, then leave
         them to their lease."""
-        self._limit()  # a signal may have come since the step began
+        self._check_limits()  # a signal may have come since the step began
         self._release(take_back=self.limits.must_release())
         until = time.monotonic() + self.grace
         while self.handlers.in_flight() and time.monotonic() < until \
@@ -164,7 +182,7 @@ class Drain:
         self.phase = Phase.DONE
 
     # -- the steps ----------------------------------------------------------------------------
-    def _limit(self) -> str | None:
+    def _check_limits(self) -> str | None:
         """The limit that stops claiming now, if any, noted in the report."""
         why = self.limits.stopped_by(self.report.claimed)
         record(self.report, why)
@@ -176,7 +194,7 @@ class Drain:
     def _may_send_ahead(self) -> bool:
         return (self.phase is Phase.CLAIMING and self.clock.fast()
                 and self.claims.can_send_ahead() and not self._vacuum_due()
-                and self._limit() is None)
+                and self._check_limits() is None)
 
     def _claim(self, *, with_successes: bool = False) -> None:
         batch, progressed = self.claims.claim(with_successes=with_successes)
@@ -199,17 +217,19 @@ class Drain:
             r = self.handlers.running.get(job.id)
         return self.heartbeat.extend_one(r, job, seconds)
 
-    def _start(self, r: Running) -> None:
-        self.clock.start(time.monotonic())
-        self.handlers.start(r)
-
-    def _collect_finished(self) -> None:
+    def _collect_finished(self) -> bool:
+        """Buffer the outcomes of finished handlers (waiting a little when nothing else can
+        start); True when the batch in hand is done (nothing waiting, nothing running)."""
         busy = self.handlers.in_flight()
         full = not self.pending or busy >= self.handlers.slots(self.pending[0])
         if busy and full and self.handlers.wait_sequential(0.05):
             self._collect(0)
         else:
             self._collect(0.05 if busy and full else 0)
+        idle = not self.pending and not self.handlers.in_flight()
+        if idle:
+            self.clock.finish(time.monotonic())
+        return idle
 
     def _collect(self, block_for: float) -> None:
         for outcome, r in self.handlers.wait(block_for):
