@@ -120,12 +120,16 @@ class Claims:
     def _task(self, idx: int) -> Task:
         return self.tasks[self.queues[idx]]
 
-    def _took(self, idx: int, size: int, got: int, *, in_step: bool = True) -> None:
-        """Count a claim of ``got`` jobs (of ``size`` asked) from queue ``idx``."""
+    def _took(self, idx: int, size: int, got: int, *, in_step: bool = True,
+              stay: bool = False) -> None:
+        """Count a claim of ``got`` jobs (of ``size`` asked) from queue ``idx`` and move
+        the cursor (``stay``: on ``idx``, as after a transaction-mode batch)."""
         self.report.claimed += got
         full = got == size
         self.last_full = full if in_step else self.last_full and full
-        if got or in_step:
+        if stay:
+            self.cursor = idx
+        elif got or in_step:
             self.cursor = next_queue(idx, len(self.queues), size, got)
 
     # -- in step ------------------------------------------------------------------------------
@@ -162,14 +166,12 @@ class Claims:
             idx = (start + i) % n
             task = self._task(idx)
             size = self.size()
-            if size <= 0:
-                self.cursor = idx
+            if size <= 0:  # --max-jobs reached: the drain ends
                 return [], False
             if task.transaction:
                 got = self.run_in_transaction(task, size)
                 if got:
-                    self._took(idx, size, got)
-                    self.cursor = idx
+                    self._took(idx, size, got, stay=True)
                     return [], True
                 continue
             rows = self.q.claim_batch(task.queue, size, self.lease(task))
