@@ -63,12 +63,10 @@ class Drain:
         self.hurry = hurry
         self.lease = lease
         self.heartbeat = heartbeat
-        self.progress = progress
+        self.progress = None if progress is None else _Progress(progress, statements, report)
         self.phase = Phase.CLAIMING
         self.pending: deque[Running] = deque()  # claimed, not handed to a handler yet
         self.clock = BatchClock()
-        self._due_checked = time.monotonic()
-        self._due_base: tuple[int, int] | None = None
 
     def leases(self) -> list[Running]:
         """The jobs whose leases are ours to extend: running, or waiting to start."""
@@ -251,17 +249,30 @@ class Drain:
                     extra={"run_id": self.report.run_id})
 
     def _show_progress(self) -> None:
-        """Redraw the progress line (a terminal only), with a fresh due count each second."""
-        if self.progress is None:
-            return
+        if self.progress is not None:
+            self.progress.show(may_count=not self.claims.ahead)
+
+class _Progress:
+    """The progress line (a terminal only), with a fresh due count at most each second."""
+
+    def __init__(self, draw: Callable[[RunReport], None], statements: Statements,
+                 report: RunReport) -> None:
+        self.draw = draw
+        self.q = statements
+        self.report = report
+        self.checked = time.monotonic()
+        self.base: tuple[int, int] | None = None  # due jobs counted, claimed by then
+
+    def show(self, *, may_count: bool) -> None:
+        """Redraw; ``may_count``: the connection is free for a count (no claims ahead)."""
         now = time.monotonic()
-        if now - self._due_checked >= PROGRESS_DUE_INTERVAL_S and not self.claims.ahead:
-            self._due_checked = now
-            self._due_base = self.q.queue_summary(self.report.queues)[0], self.report.claimed
-        if self._due_base is not None:  # between counts: minus what was claimed since
-            due, claimed = self._due_base
+        if now - self.checked >= PROGRESS_DUE_INTERVAL_S and may_count:
+            self.checked = now
+            self.base = self.q.queue_summary(self.report.queues)[0], self.report.claimed
+        if self.base is not None:  # between counts: minus what was claimed since
+            due, claimed = self.base
             self.report.remaining_due = max(0, due - (self.report.claimed - claimed))
-        self.progress(self.report)
+        self.draw(self.report)
 
 
 def heartbeat_interval(leases: list[float]) -> float:

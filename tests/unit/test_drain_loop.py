@@ -18,7 +18,8 @@ from tests.unit.fake_statements import FakeJobs
 
 def _drain(jobs: FakeJobs, registry: Registry, *, batch_size: int = 10, depth: int = 1,
            max_jobs: int | None = None, stop: threading.Event | None = None,
-           concurrency: int = 1, grace: float = 5.0) -> Drain:
+           concurrency: int = 1, grace: float = 5.0,
+           progress: Callable[[RunReport], None] | None = None) -> Drain:
     report = RunReport("test", registry.queues())
     limits = Limits(stop or threading.Event(), None, max_jobs)
     outcomes = Outcomes(jobs, report, delete=False, retry_base=1.0, retry_cap=10.0)
@@ -28,7 +29,7 @@ def _drain(jobs: FakeJobs, registry: Registry, *, batch_size: int = 10, depth: i
                     lease=lambda task: 60.0, run_in_transaction=lambda task, size: 0)
     return Drain(report, jobs, claims, handlers, outcomes, limits, None,
                  batch_size=batch_size, grace=grace, hurry=threading.Event(),
-                 lease=lambda task: 60.0)
+                 lease=lambda task: 60.0, progress=progress)
 
 
 def _registry(handler: Callable[[Job], None], *queues: str) -> Registry:
@@ -162,3 +163,17 @@ def test_a_stop_releases_what_did_not_start_and_waits_for_the_running() -> None:
     assert jobs.statuses()["done"] == 1
     assert d.report.released == d.report.claimed - 1
     assert d.report.stopped_by == "signal"
+
+
+def test_the_progress_line_is_drawn_after_writes_and_counts_at_most_each_second() -> None:
+    jobs = FakeJobs()
+    jobs.add("a", 50)
+    drawn: list[tuple[int, int]] = []
+    d = _drain(jobs, _registry(lambda job: None),
+               progress=lambda r: drawn.append((r.succeeded, r.remaining_due)))
+    t0 = time.monotonic()
+    d.run()
+    elapsed = time.monotonic() - t0
+    assert drawn and drawn[-1][0] == 50
+    assert [s for s, _ in drawn] == sorted(s for s, _ in drawn)
+    assert jobs.sent.count("queue_summary") <= elapsed + 1
