@@ -132,7 +132,7 @@ def _watchdog(settings: Settings, deadline: float, parts: dict[str, Any],
         hurry.set()  # no more waiting for handlers
         drain: Drain | None = parts.get("drain")
         if drain is not None and drain.heartbeat is not None:
-            drain.heartbeat.stopped.set()  # and no reconnecting to a silent server
+            drain.heartbeat.abandon()  # no reconnecting to a silent server, no waiting
 
     watchdog = Watchdog(deadline, settings.grace, connections, busy, on_cut,
                         hard_exit=hard_exit)
