@@ -189,3 +189,17 @@ def test_the_notify_payload_is_bounded_and_the_listener_still_wakes(
         enqueue_many(conn, [JobSpec("q" * 9000, {}), JobSpec("short", {})], schema=schema)
         got = [n.payload for n in listen.notifies(timeout=5, stop_after=2)]
     assert sorted(got) == ["", "short"], got  # '': look at every queue (drainer worker does)
+
+
+def test_timeout_kinds_name_what_ended_the_statement(pg_url: str) -> None:
+    with psycopg.connect(pg_url, options="-c idle_in_transaction_session_timeout=300") as c:
+        c.execute("SELECT 1")
+        time.sleep(0.8)
+        with pytest.raises(psycopg.Error) as idle:
+            c.execute("SELECT 2")
+    assert db.timeout_kind(idle.value) == "idle-in-transaction timeout"
+    with psycopg.connect(pg_url, autocommit=True, options="-c statement_timeout=100") as c, \
+            pytest.raises(psycopg.errors.QueryCanceled) as cancelled:
+        c.execute("SELECT pg_sleep(2)")
+    assert db.timeout_kind(cancelled.value) == "statement timeout"
+    assert db.timeout_kind(psycopg.OperationalError("server closed the connection")) is None
