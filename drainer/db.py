@@ -44,6 +44,40 @@ _PERMANENT = (
 )
 
 
+#: Within about this many seconds a connection notices a dead peer (a partition, a host that
+#: went away): TCP keepalives on an idle connection, tcp_user_timeout on unacknowledged data.
+#: Client-side socket options, so they work through poolers too. A frozen server process
+#: whose kernel still answers is not noticed this way: that is the --max-runtime watchdog's.
+DEAD_PEER_TIMEOUT_DEFAULT = 10.0
+KEEPALIVE_COUNT = 3
+
+
+def keepalive_options(dead_peer_timeout: float) -> dict[str, Any]:
+    """libpq's keepalives, keepalives_idle/_interval/_count and tcp_user_timeout for a dead
+    peer noticed within about ``dead_peer_timeout`` seconds (0: the OS defaults, ~2 h)."""
+    if dead_peer_timeout <= 0:
+        return {}
+    idle = max(1, round(dead_peer_timeout * 0.4))
+    interval = max(1, round((dead_peer_timeout - idle) / KEEPALIVE_COUNT))
+    return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": interval,
+            "keepalives_count": KEEPALIVE_COUNT,
+            "tcp_user_timeout": int(dead_peer_timeout * 1000)}
+
+
+def timeout_kind(exc: BaseException) -> str | None:
+    """What ended a statement when it was a timeout or a cancel, not a lost connection:
+    'statement timeout', 'lock timeout', 'idle-in-transaction timeout', 'cancelled'."""
+    errors = psycopg.errors
+    if isinstance(exc, errors.LockNotAvailable):
+        return "lock timeout"
+    if isinstance(exc, errors.IdleInTransactionSessionTimeout) or \
+            "idle-in-transaction timeout" in str(exc):
+        return "idle-in-transaction timeout"
+    if isinstance(exc, errors.QueryCanceled):
+        return "statement timeout" if "statement timeout" in str(exc) else "cancelled"
+    return None
+
+
 def load_queries() -> dict[str, str]:
     """The statements of ``sql/queries.sql`` by name (text with ``{identifier}`` holes)."""
     text = resources.files("drainer").joinpath("sql/queries.sql").read_text("utf-8")
@@ -93,6 +127,7 @@ def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[
         "connect_timeout": max(1, round(settings.connect_timeout)),
         "application_name": settings.application_name if purpose == "work" else
         f"{settings.application_name}-{purpose}",
+        **keepalive_options(settings.dead_peer_timeout),
     }
     if settings.session_options:
         opts = []

@@ -7,6 +7,12 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_SCHEMA = 4
+#: A database timeout (statement_timeout, lock_timeout, idle_in_transaction_session_timeout)
+#: or a cancel ended a statement: the server is reachable, the statement took too long.
+EXIT_TIMEOUT = 5
+#: ``--max-runtime`` watchdog: the run did not end within max-runtime + grace + the margin,
+#: even after its connections were cut; the process exits without a report.
+EXIT_WATCHDOG = 6
 
 
 class DrainerError(Exception):
@@ -31,3 +37,9 @@ class SchemaError(DrainerError):
     """The jobs table is missing or its schema is out of date (exit 4)."""
 
     exit_code = EXIT_SCHEMA
+
+
+class DatabaseTimeout(DrainerError):
+    """A statement was cancelled by a database timeout or a cancel request (exit 5)."""
+
+    exit_code = EXIT_TIMEOUT

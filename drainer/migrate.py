@@ -103,15 +103,29 @@ def migrate(conn: psycopg.Connection[Any], schema: str, table: str) -> MigrateRe
     return result
 
 
+#: The longest queue name the notify trigger sends as its payload (NOTIFY refuses payloads of
+#: 8000 bytes and more); a longer name sends '' ("look at every queue"), which
+#: ``drainer worker`` takes as a hint for all its queues.
+NOTIFY_PAYLOAD_MAX_BYTES = 7000
+
+
 def install_notify_trigger(conn: psycopg.Connection[Any], schema: str, table: str,
                            channel: str = "drainer") -> None:
-    """The article's AFTER INSERT trigger: ``pg_notify(channel, queue)``, a hint only."""
+    """The article's AFTER INSERT trigger: ``pg_notify(channel, queue)``, a hint only.
+
+    Idempotent and safe to run concurrently: the install is one transaction under
+    migrate's advisory lock. The payload is bounded (:data:`NOTIFY_PAYLOAD_MAX_BYTES`), so
+    no queue name makes an INSERT fail.
+    """
     ids = identifiers(schema, table)
     with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_lock_key(schema, table)])
         conn.execute(sql.SQL(
             "CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
-            "BEGIN\n  PERFORM pg_notify({channel}, NEW.queue);\n  RETURN NULL;\nEND;\n$$"
-        ).format(fn=ids["notify_fn"], channel=sql.Literal(channel)))
+            "BEGIN\n  PERFORM pg_notify({channel}, CASE WHEN octet_length(NEW.queue) <= "
+            "{limit} THEN NEW.queue ELSE '' END);\n  RETURN NULL;\nEND;\n$$"
+        ).format(fn=ids["notify_fn"], channel=sql.Literal(channel),
+                 limit=sql.Literal(NOTIFY_PAYLOAD_MAX_BYTES)))
         conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {trg} ON {jobs}").format(
             trg=ids["notify_trigger"], jobs=ids["jobs"]))
         conn.execute(sql.SQL(

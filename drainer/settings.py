@@ -90,6 +90,8 @@ DEFAULT_STATEMENT_TIMEOUT_S = 60.0
 DEFAULT_LOCK_TIMEOUT_S = 10.0
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S = 120.0
 DEFAULT_APPLICATION_NAME = "drainer"
+DEFAULT_DEAD_PEER_TIMEOUT_S = 10.0  # = drainer.db.DEAD_PEER_TIMEOUT_DEFAULT
+DEFAULT_MAINTENANCE_TIMEOUT_S = 600.0  # = drainer.maintenance.vacuum.MAINTENANCE_TIMEOUT_DEFAULT
 DEFAULT_HANDLER_MARGIN_S = 10.0
 DEFAULT_HANDLER_BUDGET_S = 60.0  # Cloud Functions' default timeout
 DEFAULT_MAX_SLEEP_S = 6 * 3600.0  # schedule --wake-policy known-work: the safety net
@@ -156,6 +158,13 @@ class Settings(BaseSettings):
     idle_in_transaction_timeout: Seconds = _opt(
         DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S,
         "idle_in_transaction_session_timeout of drainer's session (0 = none).",
+        "db",
+        ge=0,
+    )
+    dead_peer_timeout: Seconds = _opt(
+        DEFAULT_DEAD_PEER_TIMEOUT_S,
+        "Notice a dead peer (a partition, a host gone) within about this many seconds: TCP "
+        "keepalives and tcp_user_timeout on every connection (0 = the OS defaults, ~2 h).",
         "db",
         ge=0,
     )
@@ -266,6 +275,13 @@ class Settings(BaseSettings):
         "During a long drain, VACUUM the table (SKIP_LOCKED) after every this many finished "
         "jobs, so dead entries at the head of the claim index do not slow each claim down "
         "(0 = never; needs table ownership, like the end-of-run VACUUM).",
+        "run",
+        ge=0,
+    )
+    maintenance_timeout: Seconds = _opt(
+        DEFAULT_MAINTENANCE_TIMEOUT_S,
+        "statement_timeout of drainer's VACUUMs (end of run and between batches) instead of "
+        "--statement-timeout (0 = none); a cancelled VACUUM is a warning, not a failed run.",
         "run",
         ge=0,
     )

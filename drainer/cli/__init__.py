@@ -1,7 +1,8 @@
 """The ``drainer`` command: parse, build settings, call the library, map errors to exit codes.
 
 Exit codes: 0 done (also when a limit stopped a drain), 1 anything else, 2 usage or
-configuration error, 3 database unreachable, 4 schema missing or out of date.
+configuration error, 3 database unreachable, 4 schema missing or out of date, 5 a database
+timeout cancelled a statement, 6 the --max-runtime watchdog ended a run that hung.
 
 One module per group of commands (schema, jobs, run, wake, status), each command with a
 ``configure_<command>(subparsers)`` that adds its flags and ``set_defaults(func=...)``.
@@ -20,7 +21,13 @@ from drainer._redact import redact
 from drainer.cli import jobs, run, schema, status, wake
 from drainer.cli._base import SCOPES as _SCOPES
 from drainer.cli._base import Parser, settings_from_args
-from drainer.errors import EXIT_ERROR, EXIT_UNAVAILABLE, EXIT_USAGE, DrainerError
+from drainer.errors import (
+    EXIT_ERROR,
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    DrainerError,
+)
 
 __all__ = ["build_parser", "entrypoint", "main", "settings_from_args"]
 
@@ -53,7 +60,9 @@ def build_parser() -> Parser:
         "suspend. Every flag can also be set as a DRAINER_* variable or in [tool.drainer] "
         "of pyproject.toml.",
         epilog="Exit codes: 0 done (also when a limit stopped the drain), 1 other error, "
-        "2 usage or configuration, 3 database unreachable, 4 schema missing or out of date.",
+        "2 usage or configuration, 3 database unreachable, 4 schema missing or out of date, "
+        "5 a database timeout cancelled a statement, 6 the --max-runtime watchdog ended a "
+        "hung run.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for configure in _CONFIGURE:
@@ -87,7 +96,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _unexpected(command: str, exc: Exception) -> int:
     import psycopg
 
+    from drainer.db import timeout_kind
+
     text = redact(" ".join(str(exc).split()) or type(exc).__name__)
+    kind = timeout_kind(exc)
+    if kind is not None:  # the server answered: a timeout is not a lost connection
+        sys.stderr.write(f"drainer {command}: {kind}: {text} (see --statement-timeout, "
+                         "--lock-timeout, --idle-in-transaction-timeout)\n")
+        return EXIT_TIMEOUT
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         sys.stderr.write(f"drainer {command}: database connection lost: {text}\n")
         return EXIT_UNAVAILABLE

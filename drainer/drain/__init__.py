@@ -26,10 +26,11 @@ from drainer.drain import transaction
 from drainer.drain.claims import Claims
 from drainer.drain.handlers import MAX_ERROR_CHARS, Handlers, format_error, make_running
 from drainer.drain.leases import Heartbeat
-from drainer.drain.limits import Limits
+from drainer.drain.limits import MAX_RUNTIME, Limits
 from drainer.drain.loop import Drain, heartbeat_interval
 from drainer.drain.outcomes import Outcomes
 from drainer.drain.report import RunReport
+from drainer.drain.watchdog import Watchdog
 from drainer.maintenance import archiver, reaper, vacuum
 from drainer.migrate import check_schema
 from drainer.registry import Registry, Task, default_registry, load_app
@@ -70,29 +71,97 @@ def run_once(
     hurry = threading.Event()
     signals = on_stop_signals(_stop_on_signal(stop, hurry)) if handle_signals \
         else contextlib.nullcontext()
+    parts: dict[str, Any] = {}  # the run's connection and drain, for the watchdog
+    watchdog = None if deadline is None else _watchdog(settings, deadline, parts, hurry,
+                                                       hard_exit=handle_signals)
     with signals:
-        conn = db.connect(settings)
-        connected_at = time.monotonic()
         try:
-            q = db.Queries(conn, settings.schema_name, settings.table)
-            check_schema(q)
-            logger.debug("drain started", extra={"run_id": report.run_id, "queues": queues})
-            report.reaped = reaper.run_once(q, queues).reaped
-            limits = Limits(stop, deadline, settings.max_jobs)
-            _build(settings, registry, conn, q, report, limits, hurry, progress).run()
-            if not stop.is_set():
-                _maintain(settings, q, report)
-            else:
-                report.remaining_due, next_due = q.queue_summary(queues)
-                report.next_due_at = _iso(next_due)
+            conn = parts["conn"] = db.connect(settings)
+            connected_at = time.monotonic()
+            try:
+                q = db.Queries(conn, settings.schema_name, settings.table)
+                check_schema(q)
+                logger.debug("drain started", extra={"run_id": report.run_id,
+                                                     "queues": queues})
+                report.reaped = reaper.run_once(q, queues).reaped
+                limits = Limits(stop, deadline, settings.max_jobs)
+                drain = parts["drain"] = _build(settings, registry, conn, q, report, limits,
+                                                hurry, progress)
+                drain.run()
+                if not stop.is_set():
+                    _maintain(settings, q, report, watchdog)
+                else:
+                    report.remaining_due, next_due = q.queue_summary(queues)
+                    report.next_due_at = _iso(next_due)
+            finally:
+                conn.close()
+                report.connected_s = round(time.monotonic() - connected_at, 6)
+        except Exception as exc:
+            if watchdog is None or not watchdog.fired:
+                raise
+            # the watchdog cut the connections: what the run did is in the report
+            report.stopped_by = report.stopped_by or MAX_RUNTIME
+            report.deadline_hit = True
+            logger.warning("the run ended by the --max-runtime watchdog (%s); outcomes not "
+                           "written are left to their lease", db._one_line(exc),
+                           extra={"run_id": report.run_id})
         finally:
-            conn.close()
-            report.connected_s = round(time.monotonic() - connected_at, 6)
+            if watchdog is not None:
+                watchdog.stop()
     report.duration_s = round(time.monotonic() - started, 6)
     logger.debug("drain finished", extra=report.as_dict())
     if settings.pushgateway_url:
         _push_metrics(settings, report)
     return report
+
+
+def _watchdog(settings: Settings, deadline: float, parts: dict[str, Any],
+              hurry: threading.Event, *, hard_exit: bool) -> Watchdog:
+    """The run's --max-runtime watchdog (see :mod:`.watchdog`), started."""
+
+    def connections() -> list[psycopg.Connection[Any] | None]:
+        drain: Drain | None = parts.get("drain")
+        beat = None if drain is None or drain.heartbeat is None else drain.heartbeat.conn
+        return [parts.get("conn"), beat]
+
+    def busy() -> bool:
+        drain: Drain | None = parts.get("drain")
+        return drain is not None and _executing(drain.handlers) > 0
+
+    def on_cut() -> None:
+        hurry.set()  # no more waiting for handlers
+        drain: Drain | None = parts.get("drain")
+        if drain is not None and drain.heartbeat is not None:
+            drain.heartbeat.abandon()  # no reconnecting to a silent server, no waiting
+
+    watchdog = Watchdog(deadline, settings.grace, connections, busy, on_cut,
+                        hard_exit=hard_exit)
+    watchdog.start()
+    return watchdog
+
+
+def _executing(handlers: Handlers) -> int:
+    """Handlers executing now (read from another thread: an estimate): in flight, minus
+    the outcomes not collected yet and the jobs queued to threads but not started. A drain
+    blocked on a silent database collects nothing: its finished handlers do not count."""
+    try:
+        pool = handlers.pool
+        queued = 0 if pool is None else len(pool.work)
+        return max(0, handlers.in_flight() - handlers.done_q.qsize() - queued)
+    except AttributeError:  # the handlers changed shape: count them all (the grace applies)
+        return handlers.in_flight()
+
+
+def _maintenance_timeout(settings: Settings, watchdog: Watchdog | None) -> float | None:
+    """The VACUUM's statement_timeout: --maintenance-timeout, within what the watchdog
+    leaves; None (the session's own) when drainer does not own its session settings
+    (--no-session-options: a transaction-mode pooler, see vacuum.budget)."""
+    if not settings.session_options:
+        return None
+    timeout = settings.maintenance_timeout or float("inf")
+    if watchdog is not None:
+        timeout = min(timeout, max(0.1, watchdog.time_left() - 0.5))
+    return 0.0 if timeout == float("inf") else timeout
 
 
 def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any],
@@ -120,7 +189,8 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
                     combine=not settings.delete_on_complete, lease=lease,
                     run_in_transaction=in_transaction)
     drain = Drain(report, q, claims, handlers, outcomes, limits,
-                  vacuum.BetweenBatches(q, settings.vacuum_every),
+                  vacuum.BetweenBatches(q, settings.vacuum_every,
+                                        _maintenance_timeout(settings, None)),
                   batch_size=settings.batch_size, grace=settings.grace, hurry=hurry,
                   lease=lease, progress=progress)
     interval = heartbeat_interval([lease(registry.tasks[name]) for name in report.queues])
@@ -129,7 +199,8 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
     return drain
 
 
-def _maintain(settings: Settings, q: db.Queries, report: RunReport) -> None:
+def _maintain(settings: Settings, q: db.Queries, report: RunReport,
+              watchdog: Watchdog | None = None) -> None:
     """After the drain: archive, vacuum, and what is left due."""
     queues = report.queues
     if settings.archive_mode == "delete":
@@ -139,12 +210,14 @@ def _maintain(settings: Settings, q: db.Queries, report: RunReport) -> None:
         config = archiver.ArchiverConfig.from_settings(settings)
         report.archived = archiver.run_once_after(
             q, config, fin["archived_done"], fin["archived_failed"]).archived
-        vac = vacuum.run_once(q, settings.vacuum_threshold, health=fin)
+        vac = vacuum.run_once(q, settings.vacuum_threshold, health=fin,
+                              timeout=_maintenance_timeout(settings, watchdog))
         report.remaining_due, next_due = int(fin["remaining_due"]), fin["next_due_at"]
     else:
         report.archived = archiver.run_once(
             q, archiver.ArchiverConfig.from_settings(settings)).archived
-        vac = vacuum.run_once(q, settings.vacuum_threshold)
+        vac = vacuum.run_once(q, settings.vacuum_threshold,
+                              timeout=_maintenance_timeout(settings, watchdog))
         report.remaining_due, next_due = q.queue_summary(queues)
     report.vacuumed = vac.vacuumed
     report.n_dead_tup = vac.n_dead_tup

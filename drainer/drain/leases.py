@@ -47,6 +47,7 @@ class Heartbeat(threading.Thread):
         self.conn: psycopg.Connection[Any] | None = None
         self.queries: db.Queries | None = None
         self.lock = threading.Lock()
+        self.abandoned = False
 
     def run(self) -> None:
         while not self.stopped.wait(self.interval):
@@ -55,6 +56,8 @@ class Heartbeat(threading.Thread):
             except Exception as exc:  # keep beating: the next tick may reconnect
                 logger.warning("heartbeat failed: %s", db._one_line(exc))
                 self._close()
+        if self.abandoned:
+            self._close()  # stop() did not wait for this thread
 
     def beat(self, only: list[Running] | None = None, seconds: float | None = None
              ) -> set[int]:
@@ -106,7 +109,15 @@ class Heartbeat(threading.Thread):
                     self.conn = None
                     self.queries = None
 
+    def abandon(self) -> None:
+        """Stop without waiting (the --max-runtime watchdog: the server is silent, a beat
+        or a reconnect in progress may hang): no new beat, the thread closes its own."""
+        self.abandoned = True
+        self.stopped.set()
+
     def stop(self) -> None:
+        if self.abandoned:
+            return
         with self.lock:
             self.stopped.set()
         if self.is_alive():

@@ -3,16 +3,19 @@ compute that suspends."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
+from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from drainer.db import Queries, _one_line
+from drainer.db import Queries, _one_line, timeout_kind
 
 logger = logging.getLogger(__name__)
 #: The VACUUM between batches logs as part of the drain (its lines predate this module).
@@ -27,6 +30,36 @@ ANALYZE_SCALE = 0.1
 VACUUM_THRESHOLD_DEFAULT = 1_000
 #: During a drain, VACUUM between batches after every this many finished jobs (0: never).
 VACUUM_EVERY_DEFAULT = 20_000
+#: statement_timeout (seconds) of drainer's VACUUMs, instead of the session's statement_timeout
+#: meant for job statements: the bloated table a VACUUM exists for is the one where it is slow
+#: (``--maintenance-timeout``; 0: none).
+MAINTENANCE_TIMEOUT_DEFAULT = 600.0
+
+
+@contextlib.contextmanager
+def budget(queries: Queries, seconds: float | None) -> Iterator[None]:
+    """Run the statements inside under ``statement_timeout = seconds`` (0: none), then
+    RESET it to the session's value; ``None``: leave the session's timeout alone.
+
+    A session SET: VACUUM cannot run in a transaction block (so no SET LOCAL) nor in a
+    multi-statement query. Through a transaction-mode pooler the SET, the VACUUM and the
+    RESET may each land on another server connection, so drainer passes None there
+    (session_options off): the VACUUM then runs under the role's statement_timeout, and a
+    cancel is still only a warning.
+    """
+    if seconds is None:
+        yield
+        return
+    conn = queries.conn
+    conn.execute(sql.SQL("SET statement_timeout = {}").format(
+        sql.Literal(max(0, int(seconds * 1000)))))
+    try:
+        yield
+    finally:
+        try:
+            conn.execute("RESET statement_timeout")
+        except psycopg.Error as exc:  # a broken connection: it is not used again
+            logger.debug("RESET statement_timeout failed: %s", _one_line(exc))
 
 
 @dataclass(frozen=True)
@@ -54,14 +87,16 @@ def wants_analyze(health: Mapping[str, Any]) -> bool:
     return bool(changed > ANALYZE_BASE + ANALYZE_SCALE * rows)
 
 
-def run_once(queries: Queries, threshold: int, health: Mapping[str, Any] | None = None
-             ) -> VacuumResult:
+def run_once(queries: Queries, threshold: int, health: Mapping[str, Any] | None = None,
+             *, timeout: float | None = None) -> VacuumResult:
     """VACUUM the table when n_dead_tup >= threshold (0 disables); ANALYZE it too when
     autovacuum would (:func:`wants_analyze`).
 
     ``health`` is a table_health row already read (by finish_run), else it is read here.
     Only the table's owner may vacuum it (PostgreSQL 17 adds the MAINTAIN privilege); a
-    role without that right gets a warning and the run goes on.
+    role without that right gets a warning and the run goes on. The VACUUM runs under
+    :func:`budget` (``timeout``); cancelled by a timeout, it is a warning and the result
+    says vacuumed False: the jobs are done, the next run vacuums again.
     """
     if health is None:
         health = queries.table_health()
@@ -76,7 +111,16 @@ def run_once(queries: Queries, threshold: int, health: Mapping[str, Any] | None 
                        queries.table, dead, reason)
         return VacuumResult(False, dead, last_auto, reason)
     analyze = wants_analyze(health)
-    queries.vacuum_after_drain(analyze=analyze)
+    started = time.monotonic()
+    try:
+        with budget(queries, timeout):
+            queries.vacuum_after_drain(analyze=analyze)
+    except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
+        reason = f"cancelled by {timeout_kind(exc)} after {time.monotonic() - started:.1f}s"
+        logger.warning("VACUUM of %s.%s with %d dead tuples %s (the jobs are done; the next "
+                       "run tries again; see --maintenance-timeout): %s", queries.schema,
+                       queries.table, dead, reason, _one_line(exc))
+        return VacuumResult(False, dead, last_auto, reason)
     logger.info("vacuumed %s%s.%s (%d dead tuples)", "and analyzed " if analyze else "",
                 queries.schema, queries.table, dead)
     return VacuumResult(True, dead, last_auto, analyzed=analyze)
@@ -88,9 +132,10 @@ class BetweenBatches:
     clears them (measured: the last 10% of a 200,000-job drain ran at half the rate of
     the first)."""
 
-    def __init__(self, queries: Queries, every: int) -> None:
+    def __init__(self, queries: Queries, every: int, timeout: float | None = None) -> None:
         self.q = queries
         self.every = every
+        self.timeout = timeout  # see budget()
         self.vacuumed_at = 0  # finished jobs at the last VACUUM during this drain
         self.allowed: bool | None = None  # unknown until the first one is due
 
@@ -109,17 +154,20 @@ class BetweenBatches:
         if self.allowed is None:
             self.allowed = bool(self.q.table_health().get("can_vacuum"))
             if not self.allowed:
-                drain_logger.info("not vacuuming during the drain: drainer's role does not own the "
-                            "jobs table")
+                drain_logger.info("not vacuuming during the drain: drainer's role does not "
+                                  "own the jobs table")
                 return False
         started = time.monotonic()
         try:
-            self.q.vacuum_during_drain()
+            with budget(self.q, self.timeout):
+                self.q.vacuum_during_drain()
         except Exception as exc:  # a maintenance nicety: never fail the drain for it
             self.allowed = False
-            drain_logger.warning("VACUUM during the drain failed, not trying again this run: %s",
-                           _one_line(exc))
+            kind = timeout_kind(exc)
+            drain_logger.warning("VACUUM during the drain %s, not trying again this run: %s",
+                                 "failed" if kind is None else f"cancelled by {kind}",
+                                 _one_line(exc))
             return False
-        drain_logger.debug("vacuumed the jobs table after %d finished jobs in %.3fs", finished,
-                     time.monotonic() - started)
+        drain_logger.debug("vacuumed the jobs table after %d finished jobs in %.3fs",
+                           finished, time.monotonic() - started)
         return True

@@ -281,9 +281,6 @@ def test_item4_retry_never_repeats_the_fence(
 # -- item 5: the end-of-run VACUUM under statement_timeout ----------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 5: the end-of-run VACUUM runs under "
-                   "statement_timeout; its cancel is 'database connection lost', exit 3")
 def test_item5_a_cancelled_end_of_run_vacuum_does_not_fail_the_run(
         migrated: Settings, conn: Conn, pg_url: str, tmp_path: Path) -> None:
     schema = migrated.schema_name
@@ -313,9 +310,6 @@ def test_item5_a_cancelled_end_of_run_vacuum_does_not_fail_the_run(
 # -- item 6: a silent connection hangs run-once past --max-runtime --------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 6: with the backend frozen, run-once "
-                   "--max-runtime 5 is still alive long after 5 s (no keepalive, no bound)")
 def test_item6_max_runtime_bounds_the_process_when_the_server_freezes(
         cluster: Cluster, tmp_path: Path) -> None:  # noqa: F811
     schema = f"t_{uuid.uuid4().hex[:12]}"
@@ -345,9 +339,6 @@ def test_item6_max_runtime_bounds_the_process_when_the_server_freezes(
 # -- item 7: the smaller ones ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 7: concurrent migrate --notify-trigger "
-                   "race (exit 1, unique violation: the trigger install is outside the lock)")
 def test_item7_concurrent_migrate_notify_trigger(pg_url: str, schema: str, conn: Conn) -> None:
     migrate(conn, schema, "jobs")  # the table exists: each migrate goes straight on
     key = f"drainer.migrate:{schema}.jobs"  # drainer.migrate's advisory lock
@@ -395,9 +386,6 @@ def test_item7_invalid_input_is_a_usage_error(migrated: Settings, pg_url: str,
     assert "Traceback" not in p.stderr
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 7: a queue name over the NOTIFY "
-                   "payload limit cannot be enqueued once the trigger is installed")
 def test_item7_a_long_queue_name_enqueues_with_the_notify_trigger(
         pg_url: str, schema: str) -> None:
     p = run_cli(["migrate", "--notify-trigger"], pg_url=pg_url, schema=schema)
