@@ -55,14 +55,32 @@ def build_parser() -> Parser:
         epilog="Exit codes: 0 done (also when a limit stopped the drain), 1 other error, "
         "2 usage or configuration, 3 database unreachable, 4 schema missing or out of date.",
     )
+    from drainer import __version__
+
+    parser.add_argument("--version", action="version", version=f"drainer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for configure in _CONFIGURE:
         configure(sub)
     return parser
 
 
+def _flags_before_command(parser: Parser, argv: Sequence[str]) -> None:
+    """``drainer --database-url URL status``: say that flags go after the command (exit 2)."""
+    if not argv or not argv[0].startswith("-") or argv[0] in ("-h", "--help", "--version"):
+        return
+    command = next((a for a in argv if a in _SCOPES), None)
+    if command is None:
+        return
+    at = list(argv).index(command)
+    flags, rest = list(argv[:at]), list(argv[at + 1:])
+    shown = " ".join(["drainer", command, *rest, *flags])
+    parser.error(f"flags go after the command: {redact(shown)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _flags_before_command(parser, argv)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
