@@ -63,7 +63,7 @@ def add_command(sub: Any, name: str, help_text: str, func: Command, *,
 
 
 def human_duration(seconds: float) -> str:
-    """A duration as users write it: ``604800`` -> ``7d``, ``300`` -> ``5m``, ``0.5`` -> ``500ms``."""
+    """A duration as users write it: ``604800`` -> ``7d``, ``300`` -> ``5m``."""
     if seconds == 0:
         return "0"
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
