@@ -354,13 +354,13 @@ WHERE rank <= 3
 ORDER BY queue, jobs DESC, error;
 
 -- name: job_list
--- `drainer jobs`: newest first, of one queue and/or one status when given, with the first
--- line of last_error.
+-- `drainer jobs`: newest first, of the given queues and/or one status when given, with the
+-- first line of last_error.
 SELECT id, queue, status, attempts, max_attempts, priority, run_at, locked_until,
        created_at, finished_at, dedup_key,
        left(split_part(last_error, E'\n', 1), 200) AS error
 FROM {jobs}
-WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+WHERE (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s))
   AND (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY id DESC
 LIMIT %(limit)s;

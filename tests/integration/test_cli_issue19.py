@@ -1,0 +1,104 @@
+"""Issue 19's CLI rough edges that talk to PostgreSQL (tests/unit/test_cli_issue19.py has
+the others): each point of the issue's list has its test."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psycopg
+
+from drainer.settings import Settings
+from tests.conftest import ROOT, cli_env, run_cli
+
+Conn = psycopg.Connection[Any]
+
+
+def _enqueue(pg_url: str, schema: str, queue: str, n: int = 1) -> list[int]:
+    ids = []
+    for i in range(n):
+        p = run_cli(["enqueue", queue, json.dumps({"i": i})], pg_url=pg_url, schema=schema)
+        assert p.returncode == 0, p.stderr
+        ids.append(json.loads(p.stdout)["id"])
+    return ids
+
+
+def test_jobs_queue_takes_commas_and_repeats_like_run_once(migrated: Settings,
+                                                           pg_url: str) -> None:
+    schema = migrated.schema_name
+    emails = _enqueue(pg_url, schema, "emails", 2)
+    slow = _enqueue(pg_url, schema, "slow")
+    other = _enqueue(pg_url, schema, "other")
+    want = sorted(emails + slow, reverse=True)
+    for args in (["--queue", "emails,slow"], ["--queue", "emails", "--queue", "slow"],
+                 ["--queue", "emails, slow", "--queue", "emails"]):
+        p = run_cli(["jobs", *args], pg_url=pg_url, schema=schema)
+        assert p.returncode == 0, p.stderr
+        rows = json.loads(p.stdout)
+        assert [r["id"] for r in rows] == want, args
+    p = run_cli(["jobs"], pg_url=pg_url, schema=schema)
+    assert {r["id"] for r in json.loads(p.stdout)} == set(want + other)
+    p = run_cli(["jobs", "--queue", " , "], pg_url=pg_url, schema=schema)
+    assert p.returncode == 2 and "--queue must not be empty" in p.stderr
+
+
+def test_jobs_output_matches_its_help(migrated: Settings, pg_url: str) -> None:
+    _enqueue(pg_url, migrated.schema_name, "emails")
+    p = run_cli(["jobs", "--help"], pg_url=pg_url, schema=migrated.schema_name)
+    assert "JSON array of job objects" in " ".join(p.stdout.split())
+    p = run_cli(["jobs"], pg_url=pg_url, schema=migrated.schema_name)
+    rows = json.loads(p.stdout)
+    assert isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
+
+
+def test_show_takes_the_id_positional_or_as_id(migrated: Settings, pg_url: str) -> None:
+    (job,) = _enqueue(pg_url, migrated.schema_name, "emails")
+    for args in ([str(job)], ["--id", str(job)]):
+        p = run_cli(["show", *args], pg_url=pg_url, schema=migrated.schema_name)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["id"] == job
+    for args in ([], [str(job), "--id", str(job)]):
+        p = run_cli(["show", *args], pg_url=pg_url, schema=migrated.schema_name)
+        assert p.returncode == 2 and "show takes one job id" in p.stderr
+
+
+def test_retry_logs_the_ids_it_retried(migrated: Settings, pg_url: str, conn: Conn) -> None:
+    schema = migrated.schema_name
+    a, b = _enqueue(pg_url, schema, "emails", 2)
+    conn.execute(f'UPDATE "{schema}".jobs SET status = \'failed\', finished_at = now() '
+                 "WHERE id = %s", [b])
+    p = run_cli(["retry", "--id", str(a), "--id", "999999", "--id", str(b),
+                 "--log-format", "json"], pg_url=pg_url, schema=schema)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["retried_ids"] == [b]
+    (line,) = [json.loads(x) for x in p.stderr.splitlines() if "retry:" in x]
+    assert f"ids [{b}]" in line["msg"] and "999999" not in line["msg"], line
+
+
+def test_enqueue_on_a_terminal_says_it_reads_json_lines(migrated: Settings,
+                                                        pg_url: str) -> None:
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "drainer", "enqueue", "emails"], stdin=slave,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env=cli_env(pg_url, migrated.schema_name))
+    os.close(slave)
+    try:
+        time.sleep(1.0)
+        os.write(master, b'{"a": 1}\n\x04')  # one payload, then Ctrl-D
+        out, err = p.communicate(timeout=60)
+    finally:
+        os.close(master)
+    assert p.returncode == 0, err
+    assert "reading one JSON payload a line from stdin" in err
+    assert json.loads(out)["enqueued"] == 1
+
+
+def test_enqueue_with_piped_stdin_says_nothing(migrated: Settings, pg_url: str) -> None:
+    p = run_cli(["enqueue", "emails"], pg_url=pg_url, schema=migrated.schema_name,
+                input='{"a": 1}\n')
+    assert p.returncode == 0 and p.stderr == "", p.stderr
