@@ -32,6 +32,8 @@ DISCARD_LIMIT_BYTES = 1024 * 1024
 KEEP_RUNS = 100
 #: Seconds a client may take to send its request (socket timeout of each read).
 REQUEST_TIMEOUT_S = 15.0
+#: Shortest DRAINER_TRIGGER_TOKEN serve and schedule --listen accept.
+MIN_TOKEN_LENGTH = 16
 #: Port when neither --port nor $PORT is given (Cloud Run's default).
 DEFAULT_PORT = 8080
 
@@ -426,13 +428,18 @@ def trigger_token(settings: Settings, no_auth: bool) -> str | None:
     if no_auth:
         logger.warning("--no-auth: anyone who can reach this port can start drains")
         return None
+    assert token is not None
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigError(f"DRAINER_TRIGGER_TOKEN is too short ({len(token)} characters): use "
+                          f"at least {MIN_TOKEN_LENGTH}, e.g. python3 -c 'import secrets; "
+                          "print(secrets.token_urlsafe(32))'")
     return token
 
 
 def parse_listen(value: str, flag: str = "--listen") -> tuple[str, int]:
     """``HOST:PORT``, ``[::1]:PORT`` or ``:PORT`` (all interfaces) -> (host, port)."""
     host, sep, port_s = value.rpartition(":")
-    if not sep or not port_s.isdigit() or int(port_s) > 65535:
+    if not sep or not port_s.isascii() or not port_s.isdigit() or int(port_s) > 65535:
         raise ConfigError(f"{flag}: expected HOST:PORT (e.g. 127.0.0.1:8080), got {value!r}")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port_s)

@@ -3,11 +3,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from drainer.cli import build_parser, main
 from drainer.cli._base import human_duration
 from drainer.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def _forget_secrets() -> Iterator[None]:
+    """main() remembers the tokens these tests set: forget them afterwards."""
+    from drainer import _redact
+
+    saved = set(_redact._secrets)
+    yield
+    _redact._secrets.clear()
+    _redact._secrets.update(saved)
 
 
 def _help(command: str) -> str:
@@ -84,3 +97,70 @@ def test_every_settings_flag_with_a_default_shows_it() -> None:
                 if f"(env {env_of(name)})" in text:
                     chunk = text.split(f"(env {env_of(name)})")[0][-300:]
                     assert "[default: " in chunk, (command, name)
+
+
+def test_a_short_secret_is_masked_only_where_it_stands_alone() -> None:
+    from drainer import _redact
+
+    saved = set(_redact._secrets)
+    try:
+        _redact.remember_secret("x")
+        _redact.remember_secret("e")
+        assert _redact.redact("--listen: expected HOST:PORT") == "--listen: expected HOST:PORT"
+        assert _redact.redact("Bearer x") == "Bearer ***"
+        _redact.remember_secret("a-long-secret-token")
+        assert _redact.redact("tokena-long-secret-tokenz") == "token***z"
+    finally:
+        _redact._secrets.clear()
+        _redact._secrets.update(saved)
+
+
+def test_a_one_character_token_is_refused_and_the_error_stays_readable(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRAINER_TRIGGER_TOKEN", "e")
+    code = main(["schedule", "--interval", "600", "--listen", "nowhere", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--listen: expected HOST:PORT" in err, err
+    code = main(["schedule", "--interval", "600", "--listen", "127.0.0.1:0", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "DRAINER_TRIGGER_TOKEN is too short (1 characters)" in err
+    assert "at least 16" in err
+
+
+@pytest.mark.parametrize("args", [["serve", "--port", "99999"], ["serve", "--port", "-1"],
+                                  ["schedule", "--port", "70000"],
+                                  ["serve", "--listen", "127.0.0.1:99999"]])
+def test_an_impossible_port_is_a_usage_error(args: list[str],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = main(args)
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "port" in err.lower() and err.count("\n") == 1, err
+
+
+def test_serve_and_schedule_take_both_address_forms() -> None:
+    from drainer.cli.wake import listen_address
+
+    def addr(command: str, *argv: str) -> tuple[str, int] | None:
+        args = build_parser().parse_args([command, *argv])
+        if command == "serve":
+            return listen_address(args, "127.0.0.1", 8080)
+        return listen_address(args, None, None)
+
+    assert addr("serve") == ("127.0.0.1", 8080)
+    assert addr("serve", "--host", "0.0.0.0", "--port", "9000") == ("0.0.0.0", 9000)
+    assert addr("serve", "--listen", "0.0.0.0:9000") == ("0.0.0.0", 9000)
+    assert addr("serve", "--listen", ":9000") == ("0.0.0.0", 9000)
+    assert addr("schedule") is None
+    assert addr("schedule", "--listen", "127.0.0.1:9000") == ("127.0.0.1", 9000)
+    assert addr("schedule", "--port", "9000") == ("127.0.0.1", 9000)
+    assert addr("schedule", "--host", "0.0.0.0", "--port", "0") == ("0.0.0.0", 0)
+    from drainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not both"):
+        addr("serve", "--listen", ":9000", "--port", "9001")
+    with pytest.raises(ConfigError, match="--host needs --port"):
+        addr("schedule", "--host", "0.0.0.0")
