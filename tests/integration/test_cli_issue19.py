@@ -102,3 +102,18 @@ def test_enqueue_with_piped_stdin_says_nothing(migrated: Settings, pg_url: str) 
     p = run_cli(["enqueue", "emails"], pg_url=pg_url, schema=migrated.schema_name,
                 input='{"a": 1}\n')
     assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+def test_audit_prints_json_when_piped_and_writes_the_html_page(pg_url: str,
+                                                               tmp_path: Any) -> None:
+    page = tmp_path / "audit.html"
+    p = run_cli(["audit", "--duration", "1", "--idle-timeout", "300", "--only-user",
+                 "nobody_cli19", "--html", str(page)], pg_url=pg_url, schema=None)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)  # piped: JSON, as status and jobs
+    assert out["could_suspend"] is True and "sessions" in out
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>") and "<svg" in text and "<script" not in text
+    p = run_cli(["audit", "--duration", "1", "--html", str(tmp_path / "no" / "x.html"),
+                 "--only-user", "nobody_cli19"], pg_url=pg_url, schema=None)
+    assert p.returncode == 2 and "--html: cannot write" in p.stderr
