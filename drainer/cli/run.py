@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import add_command
 from drainer.cli._output import print_json, seconds_arg
-from drainer.errors import ConfigError
+from drainer.errors import ConfigError, DrainerError
 
 if TYPE_CHECKING:
     from drainer.settings import Settings
@@ -40,7 +40,14 @@ def run_once_command(args: argparse.Namespace, settings: Settings) -> int:
         if progress is not None:
             progress.close()
     print_json(report.as_dict())
+    log_where_to_look(report.run_id)
     return 0
+
+
+def log_where_to_look(run_id: str) -> None:
+    """The run report's last line: where the jobs of this run are (the run_id column)."""
+    logging.getLogger("drainer.drain").info(
+        "jobs of this run: drainer jobs --run %s", run_id, extra={"run_id": run_id})
 
 
 # -- demo -----------------------------------------------------------------------------------------
@@ -136,6 +143,34 @@ def _poll_interval(flag: str, value: str) -> float:
     return seconds
 
 
+def _warn_without_notify_trigger(settings: Settings, max_poll: float) -> bool:
+    """Say loudly at start when the NOTIFY trigger is missing (the worker then only polls).
+
+    True when it is installed. One short connection; a database that cannot be reached
+    is left to the worker's own reconnect loop.
+    """
+    import psycopg
+
+    from drainer.db import Queries, connect
+
+    try:
+        with connect(settings) as conn:
+            rows = Queries(conn, settings.schema_name, settings.table).fetch_dicts(
+                "notify_trigger_installed", {"schema": settings.schema_name,
+                                             "table": settings.table,
+                                             "trigger": f"{settings.table}_notify"})
+    except (psycopg.Error, DrainerError):
+        return True
+    if rows and rows[0]["installed"]:
+        return True
+    logger.warning(
+        "NO NOTIFY TRIGGER on %s.%s: this worker will not hear new jobs; it falls back to "
+        "polling (every %gs at most, --max-poll-interval). Install the trigger with: "
+        "drainer migrate --notify-trigger", settings.schema_name, settings.table, max_poll,
+        extra={"notify_trigger": False})
+    return False
+
+
 def worker_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer._signals import stop_on_signals
     from drainer.drain import resolve_queues
@@ -149,6 +184,7 @@ def worker_command(args: argparse.Namespace, settings: Settings) -> int:
     settings.dsn  # noqa: B018 - a missing database URL is a configuration error (exit 2)
     queues = resolve_queues(settings, default_registry)
     warn_at_start(settings, min_poll, max_poll)
+    _warn_without_notify_trigger(settings, max_poll)
     stop = threading.Event()
 
     def stopping(name: str) -> None:

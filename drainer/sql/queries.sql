@@ -477,3 +477,14 @@ SELECT pg_stat_force_next_flush();
 -- name: audit_clock
 -- `drainer audit`: the server's clock, for a sample that saw no row to take it from.
 SELECT clock_timestamp();
+
+-- name: notify_trigger_installed
+-- `drainer worker` at start: is the AFTER INSERT trigger of `drainer migrate
+-- --notify-trigger` on the jobs table? Without it the worker hears nothing and only polls.
+SELECT EXISTS (
+  SELECT 1 FROM pg_trigger t
+  JOIN pg_class c ON c.oid = t.tgrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname = %(schema)s AND c.relname = %(table)s AND t.tgname = %(trigger)s
+    AND NOT t.tgisinternal AND t.tgenabled <> 'D'
+) AS installed;

@@ -117,3 +117,70 @@ def test_audit_prints_json_when_piped_and_writes_the_html_page(pg_url: str,
     p = run_cli(["audit", "--duration", "1", "--html", str(tmp_path / "no" / "x.html"),
                  "--only-user", "nobody_cli19"], pg_url=pg_url, schema=None)
     assert p.returncode == 2 and "--html: cannot write" in p.stderr
+
+
+def _worker_start_lines(pg_url: str, schema: str) -> str:
+    """drainer worker's stderr until it has started (then SIGTERM)."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-m", "drainer", "worker", "--log-format", "text"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env=cli_env(pg_url, schema, DRAINER_APP="sample_jobs"))
+    lines = []
+    try:
+        assert p.stderr is not None
+        until = time.monotonic() + 60
+        while time.monotonic() < until:
+            line = p.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "needs a direct connection" in line:  # the last of warn_at_start's lines
+                time.sleep(0.5)
+                break
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _out, err = p.communicate(timeout=60)
+    return "".join(lines) + err
+
+
+def test_worker_without_the_notify_trigger_says_so_at_start(migrated: Settings,
+                                                            pg_url: str) -> None:
+    text = _worker_start_lines(pg_url, migrated.schema_name)
+    assert "NO NOTIFY TRIGGER" in text and "drainer migrate --notify-trigger" in text, text
+    p = run_cli(["migrate", "--notify-trigger"], pg_url=pg_url, schema=migrated.schema_name)
+    assert p.returncode == 0, p.stderr
+    text = _worker_start_lines(pg_url, migrated.schema_name)
+    assert "NO NOTIFY TRIGGER" not in text and "LISTEN" in text, text
+
+
+def _has_run_id_column(conn: Conn, schema: str) -> bool:
+    return bool(conn.execute(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = %s "
+        "AND table_name = 'jobs' AND column_name = 'run_id'", [schema]).fetchone())
+
+
+def test_run_once_says_where_its_jobs_are(migrated: Settings, pg_url: str,
+                                          conn: Conn) -> None:
+    import pytest
+
+    schema = migrated.schema_name
+    first = _enqueue(pg_url, schema, "noop", 2)
+    p = run_cli(["run-once", "--log-format", "json"], pg_url=pg_url, schema=schema,
+                DRAINER_APP="sample_jobs")
+    assert p.returncode == 0, p.stderr
+    run_id = json.loads(p.stdout)["run_id"]
+    last = json.loads(p.stderr.strip().splitlines()[-1])
+    assert last["msg"] == f"jobs of this run: drainer jobs --run {run_id}"
+    assert last["run_id"] == run_id
+    if not _has_run_id_column(conn, schema):
+        pytest.skip("the run_id column (migration 0002, wt-core20) is not merged yet")
+    second = _enqueue(pg_url, schema, "noop")
+    p2 = run_cli(["run-once"], pg_url=pg_url, schema=schema, DRAINER_APP="sample_jobs")
+    other = json.loads(p2.stdout)["run_id"]
+    for rid, ids in ((run_id, first), (other, second)):
+        p = run_cli(["jobs", "--run", rid], pg_url=pg_url, schema=schema)
+        assert p.returncode == 0, p.stderr
+        assert sorted(r["id"] for r in json.loads(p.stdout)) == sorted(ids)
+    p = run_cli(["jobs", "--run", "no-such-run"], pg_url=pg_url, schema=schema)
+    assert json.loads(p.stdout) == []
