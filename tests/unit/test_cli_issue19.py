@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -197,3 +198,25 @@ def test_text_logs_print_the_error_once() -> None:
     line = TextFormatter().format(record)
     assert line.count("ValueError: boom {}") == 1, line
     assert "run_id=2d4f67f77be4" in line and "attempt=1" in line
+
+
+@pytest.mark.parametrize(("source", "line", "kind"), [
+    ("import os\n\ndef f(:\n    pass\n", 3, "SyntaxError"),
+    ("import os\nimport no_such_dependency_cli19\n", 2, "ModuleNotFoundError"),
+    ("X = 1\n\n\nraise RuntimeError('refuses to load')\n", 4, "RuntimeError"),
+])
+def test_an_app_that_fails_to_import_shows_file_and_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, line: int,
+        kind: str) -> None:
+    from drainer.errors import ConfigError
+    from drainer.registry import load_app
+
+    name = f"cli19_app_{kind.lower()}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_app(name)
+    text = str(err.value)
+    assert text.startswith(f"cannot import app module {name!r}: {name}.py:{line}: {kind}: ")
+    assert "\n" not in text
