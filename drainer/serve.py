@@ -47,6 +47,15 @@ DEFAULT_PORT = 8080
 
 DrainFunc = Callable[[threading.Event], dict[str, Any]]
 
+_requested = threading.local()
+
+
+def requested_run_id() -> str | None:
+    """Inside a drain that POST /drain started: the run_id it answered (the drain passes
+    it to ``run_once(run_id=...)`` so that report, logs and rows carry the same id)."""
+    value = getattr(_requested, "run_id", None)
+    return value if isinstance(value, str) else None
+
 
 @dataclass
 class Run:
@@ -145,6 +154,7 @@ class Coalescer:
                 run.started_at = time.time()
                 self.started += 1
             logger.info("drain %s started", run.id, extra={"run_id": run.id})
+            _requested.run_id = run.id
             try:
                 report = self._drain(self.stop)
                 report["run_id"] = run.id
@@ -157,6 +167,7 @@ class Coalescer:
                 run.error = redact(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
                 run.exit_code = 1
             run.finished_at = time.time()
+            _requested.run_id = None
             if run.status == "done":
                 logger.info("drain %s done", run.id, extra={"run_id": run.id,
                                                             "report": run.report})
@@ -407,7 +418,7 @@ def drain_func(settings: Settings) -> DrainFunc:
     def drain(stop: threading.Event) -> dict[str, Any]:
         from drainer.drain import run_once
 
-        return run_once(settings, stop=stop).as_dict()
+        return run_once(settings, stop=stop, run_id=requested_run_id()).as_dict()
 
     return drain
 

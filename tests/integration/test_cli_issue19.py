@@ -184,3 +184,36 @@ def test_run_once_says_where_its_jobs_are(migrated: Settings, pg_url: str,
         assert sorted(r["id"] for r in json.loads(p.stdout)) == sorted(ids)
     p = run_cli(["jobs", "--run", "no-such-run"], pg_url=pg_url, schema=schema)
     assert json.loads(p.stdout) == []
+
+
+def test_post_drain_on_schedule_listen_answers_the_drains_run_id(
+        migrated: Settings, conn: Conn, pg_url: str) -> None:
+    import urllib.request
+
+    from tests.acceptance._proc import DrainerProcess
+    from tests.integration.test_wake_policy import insert_plain, status
+
+    schema = migrated.schema_name
+    token = "cli19-trigger-token-0123"
+    proc = DrainerProcess(["schedule", "--interval", "0.3", "--wake-policy", "known-work",
+                           "--max-sleep", "1h", "--idle-timeout", "1", "--port", "0"],
+                          pg_url=pg_url, schema=schema, DRAINER_APP="sample_jobs",
+                          DRAINER_LOG_LEVEL="DEBUG", DRAINER_TRIGGER_TOKEN=token)
+    try:
+        port = proc.wait_log("listening on http://127.0.0.1:", timeout=20)["port"]
+        proc.wait_log("tick skipped", timeout=20)
+        job = insert_plain(conn, schema, "noop")
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/drain?wait=1", data=b"",
+                                     method="POST",
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            answer = json.loads(r.read())
+        assert status(conn, schema, job) == "done"
+        run_id = answer["run_id"]
+        assert answer["report"]["run_id"] == run_id
+        printed = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+        assert run_id in [r["run_id"] for r in printed], (run_id, printed)
+        proc.wait_log(f"jobs of this run: drainer jobs --run {run_id}")
+        assert proc.terminate() == 0
+    finally:
+        proc.kill()
