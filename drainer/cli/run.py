@@ -129,11 +129,12 @@ def demo_command(args: argparse.Namespace, settings: Settings) -> int:
 def configure_worker(sub: Any) -> None:
     p = add_command(sub, "worker", "Always-on worker: LISTEN/NOTIFY on a direct connection "
                     "plus a fallback poll (keeps the compute awake).", worker_command)
-    p.add_argument("--max-poll-interval", metavar="SECONDS", default="60",
-                   help="Longest fallback poll interval while empty [default: 60].")
-    p.add_argument("--min-poll-interval", metavar="SECONDS", default="1",
+    p.add_argument("--max-poll-interval", metavar="DURATION", default="60",
+                   help="Longest fallback poll interval while empty: seconds, or 30s, 5m "
+                   "[default: 60s].")
+    p.add_argument("--min-poll-interval", metavar="DURATION", default="1",
                    help="First fallback poll interval after work was seen; doubles while "
-                   "the queue stays empty [default: 1].")
+                   "the queue stays empty [default: 1s].")
 
 
 def _poll_interval(flag: str, value: str) -> float:
