@@ -39,8 +39,8 @@ def run_once_command(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         if progress is not None:
             progress.close()
+    log_where_to_look(report.run_id)  # the report stays the last line on a terminal
     print_json(report.as_dict())
-    log_where_to_look(report.run_id)
     return 0
 
 

@@ -213,8 +213,8 @@ def _describe_estimate(estimate: AwakeEstimate, policy: str, idle: IdleTimeout,
 def _print_report(report: RunReport) -> None:
     from drainer.cli.run import log_where_to_look
 
-    print_json(report.as_dict())
     log_where_to_look(report.run_id)
+    print_json(report.as_dict())
 
 
 def _share_log_handlers() -> None:

@@ -170,7 +170,7 @@ def test_run_once_says_where_its_jobs_are(migrated: Settings, pg_url: str,
                 DRAINER_APP="sample_jobs")
     assert p.returncode == 0, p.stderr
     run_id = json.loads(p.stdout)["run_id"]
-    last = json.loads(p.stderr.strip().splitlines()[-1])
+    last = json.loads(p.stderr.strip().splitlines()[-1])  # the last log line
     assert last["msg"] == f"jobs of this run: drainer jobs --run {run_id}"
     assert last["run_id"] == run_id
     if not _has_run_id_column(conn, schema):
