@@ -39,7 +39,8 @@ import psycopg
 from psycopg import sql
 
 from bench.core import ROOT, ensure_database, log
-from drainer.audit import SessionFilter, judge, sample_activity
+from drainer.audit import AuditResult, SessionFilter, judge, sample_activity
+from drainer.audit.html import write_html
 from drainer.migrate import install_notify_trigger, migrate
 from drainer.settings import load_settings
 from drainer.trigger import transaction
@@ -71,6 +72,10 @@ class Result:
     drains_in_window: int
     max_sleep_s: float | None = None
     notes: list[str] = field(default_factory=list)
+
+
+#: Each contender's audit of its window, for --html.
+AUDITS: dict[str, AuditResult] = {}
 
 
 def free_port() -> int:
@@ -183,6 +188,7 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
     sampler.join(window + 30)
     end = time.time()
     result = judge(box["activity"], IdleTimeout(idle, "--idle-timeout"))
+    AUDITS[contender] = result
     if proc is not None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -269,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="Run the contenders at the same time (each has its own database; "
                    "the machine's CPU is shared).")
     p.add_argument("--json", metavar="PATH", help="Also write the results as JSON here.")
+    p.add_argument("--html", metavar="PATH", help="Also write each contender's awake "
+                   "timeline here (one self-contained page, as drainer audit --html).")
     a = p.parse_args(argv)
     # producers fire the trigger whoever listens; with no listener that POST is refused at
     # once (the job stays queued): expected here, not worth a warning per burst
@@ -308,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for line in verdict(results):
         print(f"- {line}")
+    if a.html:
+        write_html(a.html, [(f"{r.contender}: {r.command}", AUDITS[r.contender])
+                            for r in results if r.contender in AUDITS],
+                   title=f"bench.awake: idle timeout {a.idle_timeout:g} s, window "
+                   f"{a.window:g} s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"started_at": started.isoformat(), "args": vars(a),

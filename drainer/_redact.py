@@ -13,9 +13,14 @@ _URL_PASSWORD = re.compile(
 _KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S+)", re.I)
 
 
+#: Secrets shorter than this are masked only where they stand alone (not inside a word):
+#: masking a one-letter token everywhere garbles every message (``e***pected HOST:PORT``).
+WHOLE_WORD_BELOW = 8
+
+
 def remember_secret(value: str | None) -> None:
     """Register a secret (a password) that must never be printed."""
-    if value and len(value) >= 1:
+    if value:
         _secrets.add(value)
         _secrets.add(unquote(value))
 
@@ -36,6 +41,8 @@ def redact(text: str) -> str:
     text = _URL_PASSWORD.sub(lambda m: m.group("head") + "***" + m.group("tail"), text)
     text = _KV_PASSWORD.sub(lambda m: m.group("head") + "***", text)
     for secret in sorted(_secrets, key=len, reverse=True):
-        if secret:
+        if len(secret) >= WHOLE_WORD_BELOW:
             text = text.replace(secret, "***")
+        elif secret:
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
     return text

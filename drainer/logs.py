@@ -38,13 +38,17 @@ class TextFormatter(logging.Formatter):
     """``HH:MM:SS level message key=value ...`` for people."""
 
     def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        # an extra the message already says (the error of "job 9 failed: ...") is not
+        # repeated: text logs print the error once
         extras = " ".join(
             f"{k}={v}" for k, v in vars(record).items()
             if k not in _STANDARD and not k.startswith("_")
+            and not (len(str(v)) >= 8 and str(v) in message)
         )
         line = (
             f"{time.strftime('%H:%M:%S', time.localtime(record.created))} "
-            f"{record.levelname.lower():7s} {record.getMessage()}"
+            f"{record.levelname.lower():7s} {message}"
         )
         if extras:
             line += f"  {extras}"

@@ -63,14 +63,18 @@ def _ids(ids: Sequence[int]) -> list[int]:
 
 
 def list_jobs(settings: Settings, *, queue: str | None = None, status: str | None = None,
-              limit: int = DEFAULT_LIST_LIMIT) -> list[dict[str, Any]]:
-    """The newest ``limit`` jobs, of one queue and/or status when given."""
+              limit: int = DEFAULT_LIST_LIMIT, queues: Sequence[str] | None = None,
+              run_id: str | None = None) -> list[dict[str, Any]]:
+    """The newest ``limit`` jobs, of these queues (``queue``: one), a status, the run that
+    last claimed them (``run_id``, the run report's) when given."""
     if status is not None and status not in STATUSES:
         raise ConfigError(f"--status must be one of {', '.join(STATUSES)}")
     if limit < 1:
         raise ConfigError("--limit must be at least 1")
+    wanted = [*(queues or ()), *([queue] if queue is not None else [])] or None
     with _queries(settings) as q:
-        rows = q.fetch_dicts("job_list", {"queue": queue, "status": status, "limit": limit})
+        rows = q.fetch_dicts("job_list", {"queues": wanted, "status": status, "limit": limit,
+                                          "run_id": run_id})
     return [_row(r) for r in rows]
 
 
@@ -144,7 +148,7 @@ def retry_jobs(settings: Settings, *, ids: Sequence[int] | None = None,
             out[f"{key}_ids"] = _ids(others[key])
     if not dry_run:
         logger.info("retry: %d failed jobs back to queued (%s)", len(retried),
-                    f"ids {id_list}" if id_list else f"queue {queue!r}" if queue else
+                    f"ids {_ids(retried)}" if id_list else f"queue {queue!r}" if queue else
                     "all failed", extra={k: v for k, v in out.items() if isinstance(v, int)})
     return out
 

@@ -27,12 +27,17 @@ class ProgressLine:
         self.started = time.monotonic()
         self.next_draw = self.started + show_after
         self.shown = False
+        self.last: RunReport | None = None
 
     def __call__(self, report: RunReport) -> None:
+        self.last = report
         now = time.monotonic()
         if now < self.next_draw:
             return
         self.next_draw = now + self.min_interval
+        self._draw(report, now)
+
+    def _draw(self, report: RunReport, now: float) -> None:
         elapsed = max(now - self.started, 1e-9)
         done = report.succeeded + report.retried + report.failed
         self.stream.write(
@@ -44,8 +49,11 @@ class ProgressLine:
         self.shown = True
 
     def close(self) -> None:
-        """End the line so that what follows starts on a line of its own."""
+        """Draw the final figures (the throttled line may lag behind the report that
+        follows) and end the line, so that what follows starts on a line of its own."""
         if self.shown:
+            if self.last is not None:
+                self._draw(self.last, time.monotonic())
             self.stream.write("\n")
             self.stream.flush()
             self.shown = False

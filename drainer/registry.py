@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
 import sys
 import threading
 from collections.abc import Callable
@@ -289,7 +290,32 @@ def load_app(module: str) -> None:
     try:
         importlib.import_module(module)
     except Exception as exc:
+        logging.getLogger("drainer.registry").debug(
+            "cannot import app module %r", module, exc_info=exc)
         detail = " ".join(str(exc).split()) or type(exc).__name__
+        where = _where_it_failed(exc)
         raise ConfigError(
-            f"cannot import app module {module!r}: {type(exc).__name__}: {detail}"
+            f"cannot import app module {module!r}: {where}{type(exc).__name__}: {detail}"
         ) from None
+
+
+def _where_it_failed(exc: BaseException) -> str:
+    """``file:line: `` of the app's line that raised (importlib's frames skipped), or ''."""
+    import os
+    import traceback
+
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        path, line = exc.filename, exc.lineno
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if not f.filename.startswith("<") and "importlib" not in f.filename
+                  and f.filename != __file__]
+        if not frames or frames[-1].lineno is None:
+            return ""
+        path, line = frames[-1].filename, frames[-1].lineno
+    try:
+        rel = os.path.relpath(path)
+        path = rel if not rel.startswith("..") else path
+    except ValueError:  # another drive (Windows)
+        pass
+    return f"{path}:{line}: "

@@ -191,16 +191,20 @@ class _Runner:
                 raise DrainerError("shutting down: the drain did not start")
             logger.info("wake: trigger (POST /drain)", extra={"wake": True,
                                                              "reason": "trigger"})
-            return self._run().as_dict()
+            from drainer.serve import requested_run_id
 
-    def _run(self) -> RunReport:
-        """One run_once; raises what it raises (after noting the failure)."""
+            return self._run(requested_run_id()).as_dict()
+
+    def _run(self, run_id: str | None = None) -> RunReport:
+        """One run_once; raises what it raises (after noting the failure). ``run_id``:
+        the one POST /drain answered for a triggered run."""
         from drainer.drain import run_once
 
         self.runs += 1
         seen = self.state.run_started()
         try:
-            report = run_once(self.settings, registry=self.registry, stop=self.stop)
+            report = run_once(self.settings, registry=self.registry, stop=self.stop,
+                              run_id=run_id)
         except BaseException:
             self.state.run_failed(self.clock())
             raise

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hmac
+import io
 import json
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -32,10 +34,27 @@ DISCARD_LIMIT_BYTES = 1024 * 1024
 KEEP_RUNS = 100
 #: Seconds a client may take to send its request (socket timeout of each read).
 REQUEST_TIMEOUT_S = 15.0
+#: Seconds a client has to send the request line and all its headers, in total: a client
+#: that trickles a byte at a time (slowloris) is cut off here, not after 15 s a byte.
+HEADER_DEADLINE_S = 10.0
+#: Connections served at once (one thread each); more are answered 503 and closed at
+#: once, without a thread, so slow or idle connections cannot pile up threads.
+MAX_CONNECTIONS = 64
+#: Shortest DRAINER_TRIGGER_TOKEN serve and schedule --listen accept.
+MIN_TOKEN_LENGTH = 16
 #: Port when neither --port nor $PORT is given (Cloud Run's default).
 DEFAULT_PORT = 8080
 
 DrainFunc = Callable[[threading.Event], dict[str, Any]]
+
+_requested = threading.local()
+
+
+def requested_run_id() -> str | None:
+    """Inside a drain that POST /drain started: the run_id it answered (the drain passes
+    it to ``run_once(run_id=...)`` so that report, logs and rows carry the same id)."""
+    value = getattr(_requested, "run_id", None)
+    return value if isinstance(value, str) else None
 
 
 @dataclass
@@ -135,6 +154,7 @@ class Coalescer:
                 run.started_at = time.time()
                 self.started += 1
             logger.info("drain %s started", run.id, extra={"run_id": run.id})
+            _requested.run_id = run.id
             try:
                 report = self._drain(self.stop)
                 report["run_id"] = run.id
@@ -147,6 +167,7 @@ class Coalescer:
                 run.error = redact(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
                 run.exit_code = 1
             run.finished_at = time.time()
+            _requested.run_id = None
             if run.status == "done":
                 logger.info("drain %s done", run.id, extra={"run_id": run.id,
                                                             "report": run.report})
@@ -187,6 +208,11 @@ class Coalescer:
             thread.join(timeout)
 
 
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+         b"Content-Length: 39\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+         b'{"error": "too many open connections"}\n')
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -195,10 +221,59 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], coalescer: Coalescer,
-                 token: str | None) -> None:
+                 token: str | None, max_connections: int | None = None) -> None:
         super().__init__(address, _Handler)
         self.coalescer = coalescer
         self.expected = None if token is None else f"Bearer {token}".encode()
+        self.max_connections = max_connections or MAX_CONNECTIONS
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self.refused = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread for the connection while fewer than ``max_connections`` are open;
+        else 503 and close, from the accepting thread (no thread started)."""
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            try:
+                request.setblocking(False)
+                request.send(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's reads, each bounded by what is left until ``deadline`` (monotonic):
+    a total limit on the request line and headers, however slowly they trickle in."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("request headers took too long")
+            self.sock.settimeout(min(left, REQUEST_TIMEOUT_S))
+        else:
+            self.sock.settimeout(REQUEST_TIMEOUT_S)
+        return self.sock.recv_into(buffer)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -209,6 +284,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s %s", self.address_string(), format % args)
+
+    def setup(self) -> None:
+        super().setup()
+        self._reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        # the request line and headers of each request (also the next one on a kept-alive
+        # connection) within HEADER_DEADLINE_S in total; a body gets the per-read timeout
+        self._reader.deadline = time.monotonic() + HEADER_DEADLINE_S
+        try:
+            super().handle_one_request()
+        except TimeoutError:
+            self.close_connection = True
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self._reader.deadline = None  # the headers are in
+        return ok
 
     # -- responses --------------------------------------------------------------------------------
     def _send(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
@@ -324,7 +418,7 @@ def drain_func(settings: Settings) -> DrainFunc:
     def drain(stop: threading.Event) -> dict[str, Any]:
         from drainer.drain import run_once
 
-        return run_once(settings, stop=stop).as_dict()
+        return run_once(settings, stop=stop, run_id=requested_run_id()).as_dict()
 
     return drain
 
@@ -426,13 +520,18 @@ def trigger_token(settings: Settings, no_auth: bool) -> str | None:
     if no_auth:
         logger.warning("--no-auth: anyone who can reach this port can start drains")
         return None
+    assert token is not None
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigError(f"DRAINER_TRIGGER_TOKEN is too short ({len(token)} characters): use "
+                          f"at least {MIN_TOKEN_LENGTH}, e.g. python3 -c 'import secrets; "
+                          "print(secrets.token_urlsafe(32))'")
     return token
 
 
 def parse_listen(value: str, flag: str = "--listen") -> tuple[str, int]:
     """``HOST:PORT``, ``[::1]:PORT`` or ``:PORT`` (all interfaces) -> (host, port)."""
     host, sep, port_s = value.rpartition(":")
-    if not sep or not port_s.isdigit() or int(port_s) > 65535:
+    if not sep or not port_s.isascii() or not port_s.isdigit() or int(port_s) > 65535:
         raise ConfigError(f"{flag}: expected HOST:PORT (e.g. 127.0.0.1:8080), got {value!r}")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port_s)

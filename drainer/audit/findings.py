@@ -30,6 +30,8 @@ class SessionFinding:
     last_seen: str
     connected_at_end: bool
     last_activity_at: str | None
+    #: every instant this session counted as activity (the timeline of ``audit --html``)
+    activity_times: list[str] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -97,6 +99,8 @@ class AuditResult:
         out = asdict(self)
         if not with_activity_times:
             out.pop("activity_times")
+            for session in out["sessions"]:
+                session.pop("activity_times", None)
         return out
 
 

@@ -259,7 +259,8 @@ def _judge_session(tr: _Track, at_end: bool, end: datetime, idle: IdleTimeout,
         poll_interval_s=None if period is None else round(period, 3),
         queries_seen=len(tr.query_starts), first_seen=tr.first_seen.isoformat(),
         last_seen=tr.last_seen.isoformat(), connected_at_end=at_end,
-        last_activity_at=_iso(last_act))
+        last_activity_at=_iso(last_act), activity_times=[t.isoformat() for t in
+                                                         sorted(tr.activity)])
 
 
 def _judge_clients(tracks: dict[tuple[int, datetime | None], _Track], start: datetime,

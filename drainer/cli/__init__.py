@@ -64,14 +64,32 @@ def build_parser() -> Parser:
         "5 a database timeout cancelled a statement, 6 the --max-runtime watchdog ended a "
         "hung run.",
     )
+    from drainer import __version__
+
+    parser.add_argument("--version", action="version", version=f"drainer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for configure in _CONFIGURE:
         configure(sub)
     return parser
 
 
+def _flags_before_command(parser: Parser, argv: Sequence[str]) -> None:
+    """``drainer --database-url URL status``: say that flags go after the command (exit 2)."""
+    if not argv or not argv[0].startswith("-") or argv[0] in ("-h", "--help", "--version"):
+        return
+    command = next((a for a in argv if a in _SCOPES), None)
+    if command is None:
+        return
+    at = list(argv).index(command)
+    flags, rest = list(argv[:at]), list(argv[at + 1:])
+    shown = " ".join(["drainer", command, *rest, *flags])
+    parser.error(f"flags go after the command: {redact(shown)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _flags_before_command(parser, argv)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

@@ -6,7 +6,7 @@ import argparse
 import sys
 import types
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Union, get_args, get_origin
 
 from drainer._redact import redact
 from drainer.errors import EXIT_USAGE
@@ -62,6 +62,63 @@ def add_command(sub: Any, name: str, help_text: str, func: Command, *,
     return parser
 
 
+def human_duration(seconds: float) -> str:
+    """A duration as users write it: ``604800`` -> ``7d``, ``300`` -> ``5m``."""
+    if seconds == 0:
+        return "0"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    if seconds < 1 and (seconds * 1000) == int(seconds * 1000):
+        return f"{int(seconds * 1000)}ms"
+    return f"{seconds:g}s"
+
+
+def _is_duration(field: FieldInfo) -> bool:
+    """A ``Seconds`` field (it parses 30s, 15m, 7d): shown as a duration in the help."""
+    from drainer.settings import parse_duration
+
+    return any(getattr(m, "func", None) is parse_duration for m in field.metadata)
+
+
+def choices_of(field: FieldInfo) -> tuple[str, ...]:
+    """The values of a ``Literal[...]`` field (also inside ``| None``), else ()."""
+    annotation: Any = field.annotation
+    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) \
+        else (annotation,)
+    for a in args:
+        if get_origin(a) is Literal:
+            return tuple(str(v) for v in get_args(a))
+    return ()
+
+
+def _any_case(flag: str, choices: Sequence[str]) -> Callable[[str], str]:
+    """argparse ``type=``: a choice in any case (``--log-level debug``) as it is spelled."""
+    by_lower = {c.lower(): c for c in choices}
+
+    def convert(text: str) -> str:
+        try:
+            return by_lower[text.strip().lower()]
+        except KeyError:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {text!r} (choose from {', '.join(choices)})") from None
+
+    convert.__name__ = flag
+    return convert
+
+
+def shown_default(name: str, field: FieldInfo) -> str:
+    """`` [default: 7d]``: the default in the unit users think in ('' when there is none)."""
+    default = field.default
+    if default is None or name == "database_url":
+        return ""
+    if isinstance(default, bool):
+        return f" [default: {'on' if default else 'off'}]"
+    if isinstance(default, int | float) and _is_duration(field):
+        return f" [default: {human_duration(float(default))}]"
+    return f" [default: {default}]"
+
+
 def _flag_kind(field: FieldInfo) -> str:
     """bool (--x / --no-x), list (repeatable) or value, from the field's type."""
     annotation: Any = field.annotation
@@ -91,9 +148,9 @@ def add_settings_flags(parser: argparse.ArgumentParser, scopes: Sequence[str]) -
         group = groups.get(scope)
         if group is None:
             group = groups[scope] = parser.add_argument_group(TITLES.get(scope, scope))
-        default = field.default
-        shown = "" if default is None or name == "database_url" else f" [default: {default}]"
-        help_text = f"{field.description}{shown} (env {env_of(name)})"
+        choices = choices_of(field)  # shown as the metavar: {delete,move,off}
+        help_text = (f"{field.description}{shown_default(name, field)} "
+                     f"(env {env_of(name)})").replace("%", "%%")
         kind = _flag_kind(field)
         if kind == "bool":
             group.add_argument(flag_of(name), dest=name, action=argparse.BooleanOptionalAction,
@@ -101,9 +158,15 @@ def add_settings_flags(parser: argparse.ArgumentParser, scopes: Sequence[str]) -
         elif kind == "list":
             group.add_argument(flag_of(name), dest=name, action="append",
                                default=argparse.SUPPRESS, metavar="QUEUE", help=help_text)
-        else:
+        elif choices:
             group.add_argument(flag_of(name), dest=name, default=argparse.SUPPRESS,
-                               metavar=name.upper().replace("_NAME", ""), help=help_text)
+                               type=_any_case(flag_of(name), choices),
+                               metavar="{" + ",".join(choices) + "}", help=help_text)
+        else:
+            # durations as DURATION (seconds, or 30s, 15m, 12h, 7d)
+            metavar = "DURATION" if _is_duration(field) else name.upper().replace("_NAME", "")
+            group.add_argument(flag_of(name), dest=name, default=argparse.SUPPRESS,
+                               metavar=metavar, help=help_text)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

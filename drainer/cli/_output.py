@@ -75,3 +75,23 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
     return value
+
+
+#: The largest job id (the id column is a bigint).
+MAX_JOB_ID = 2**63 - 1
+
+
+def job_id(text: str) -> int:
+    """argparse ``type=`` of job ids: a whole number from 1 to 2^63-1 (a bigint)."""
+    value = positive_int(text)
+    if value > MAX_JOB_ID:
+        raise argparse.ArgumentTypeError(f"out of range for a job id (at most {MAX_JOB_ID}): "
+                                         f"{text}")
+    return value
+
+
+def queue_list(values: list[str] | None) -> list[str] | None:
+    """Repeated and comma-separated --queue values as one list (None when none given)."""
+    if not values:
+        return None
+    return [q.strip() for v in values for q in v.split(",") if q.strip()] or None

@@ -10,7 +10,15 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import add_command
-from drainer.cli._output import JSON_HELP, emit, positive_int, print_json, seconds_arg
+from drainer.cli._output import (
+    JSON_HELP,
+    emit,
+    job_id,
+    positive_int,
+    print_json,
+    queue_list,
+    seconds_arg,
+)
 from drainer.errors import ConfigError
 from drainer.ops import DEFAULT_LIST_LIMIT, PURGEABLE, STATUSES
 
@@ -33,9 +41,59 @@ def configure_enqueue(sub: Any) -> None:
                       "seconds from now (also 30s, 15m, 2h, 1d).")
     when.add_argument("--run-at", metavar="ISO", help="Run no sooner than this ISO 8601 "
                       "time (with a time zone; UTC if none).")
-    p.add_argument("--priority", type=int, default=0, help="Higher runs first [default: 0].")
+    p.add_argument("--priority", type=priority_arg, default=0,
+                   help="Higher runs first (a 32-bit integer) [default: 0].")
     p.add_argument("--dedup-key", metavar="KEY", help="Skip the job when one with this key "
                    "is already queued or running.")
+
+
+#: The range of the priority column (integer).
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+#: The longest --older-than of purge (now() minus more is out of PostgreSQL's range).
+MAX_PURGE_AGE_S = 36500 * 86400.0
+
+
+def priority_arg(text: str) -> int:
+    """argparse ``type=`` of --priority: an integer that fits the column."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise argparse.ArgumentTypeError(
+            f"out of range: {text} (from {PRIORITY_MIN} to {PRIORITY_MAX})")
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (PostgreSQL's jsonb has no NaN or Infinity)")
+
+
+def _check_storable(value: Any) -> None:
+    """ValueError for what jsonb cannot store: NUL (\\u0000) and lone surrogates in strings."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str):
+            if "\x00" in v:
+                raise ValueError("\\u0000 in a string (PostgreSQL's jsonb cannot store it)")
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("a lone surrogate (\\ud800-\\udfff) in a string is not "
+                                 "Unicode text") from None
+
+
+def parse_json(text: str) -> Any:
+    """A payload: strict JSON that jsonb can store, else ValueError (one line)."""
+    value = json.loads(text, parse_constant=_refuse_constant)
+    _check_storable(value)
+    return value
 
 
 def _run_at(args: argparse.Namespace) -> datetime | None:
@@ -56,20 +114,31 @@ def _run_at(args: argparse.Namespace) -> datetime | None:
 def _parse_payloads(args: argparse.Namespace) -> list[Any]:
     if args.payload is not None:
         try:
-            return [json.loads(args.payload)]
-        except json.JSONDecodeError as exc:
+            return [parse_json(args.payload)]
+        except ValueError as exc:  # json.JSONDecodeError is one
             raise ConfigError(f"invalid JSON payload: {exc}") from None
+    if _is_terminal(sys.stdin):
+        sys.stderr.write("drainer enqueue: no JSON argument: reading one JSON payload a line "
+                         "from stdin (end with Ctrl-D; nothing is enqueued before the end)\n")
+        sys.stderr.flush()
     payloads = []
     for n, line in enumerate(sys.stdin, start=1):
         if not line.strip():
             continue
         try:
-            payloads.append(json.loads(line))
-        except json.JSONDecodeError as exc:
+            payloads.append(parse_json(line))
+        except ValueError as exc:
             raise ConfigError(
                 f"stdin line {n}: invalid JSON: {exc}; nothing was enqueued"
             ) from None
     return payloads
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def enqueue_command(args: argparse.Namespace, settings: Settings) -> int:
@@ -118,18 +187,27 @@ def enqueue_command(args: argparse.Namespace, settings: Settings) -> int:
 def configure_jobs(sub: Any) -> None:
     p = add_command(sub, "jobs", "List jobs, newest first, with the first line of their "
                     "last_error.", jobs_command)
-    p.add_argument("--queue", dest="job_queue", metavar="QUEUE",
-                   help="Only jobs of this queue.")
+    p.add_argument("--queue", dest="job_queue", metavar="QUEUE", action="append",
+                   help="Only jobs of these queues (repeat the flag or separate with commas, "
+                   "as run-once's --queue).")
     p.add_argument("--status", choices=STATUSES, help="Only jobs with this status.")
+    p.add_argument("--run", dest="run_id", metavar="RUN_ID",
+                   help="Only jobs that this run (the run_id of its report) claimed last.")
     p.add_argument("--limit", type=positive_int, default=DEFAULT_LIST_LIMIT, metavar="N",
                    help=f"Show at most N jobs [default: {DEFAULT_LIST_LIMIT}].")
-    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument("--json", action="store_true",
+                   help="Print one JSON array of job objects on stdout (the default when "
+                   "stdout is not a terminal; on a terminal the output is a readable table).")
 
 
 def jobs_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import list_jobs, render_jobs
 
-    rows = list_jobs(settings, queue=args.job_queue, status=args.status, limit=args.limit)
+    queues = queue_list(args.job_queue)
+    if args.job_queue and not queues:
+        raise ConfigError("--queue must not be empty")
+    rows = list_jobs(settings, queues=queues, status=args.status, limit=args.limit,
+                     run_id=args.run_id)
     emit(rows, render_jobs, as_json=args.json)
     return 0
 
@@ -139,14 +217,19 @@ def configure_show(sub: Any) -> None:
                     show_command, description=(
                         "Show one job: every column, its payload and its full last_error "
                         "(error and traceback tail). Exit 1 when there is no such job."))
-    p.add_argument("id", metavar="ID", type=positive_int, help="The job's id.")
+    p.add_argument("id", metavar="ID", type=job_id, nargs="?", help="The job's id.")
+    p.add_argument("--id", dest="flag_id", metavar="N", type=job_id,
+                   help="The job's id (as retry and cancel take it).")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def show_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import get_job, render_job
 
-    emit(get_job(settings, args.id), render_job, as_json=args.json)
+    if (args.id is None) == (args.flag_id is None):
+        raise ConfigError("show takes one job id: drainer show ID or drainer show --id ID")
+    emit(get_job(settings, args.id if args.id is not None else args.flag_id), render_job,
+         as_json=args.json)
     return 0
 
 
@@ -163,7 +246,7 @@ def configure_retry(sub: Any) -> None:
                         "owner's lease has not run out yet, are skipped and counted; nothing "
                         "else is touched. Prints the counts."))
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--id", dest="ids", metavar="N", type=positive_int, nargs="+",
+    which.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
                        action="extend", help="These failed jobs (ids that are not failed "
                        "are counted as not_failed / not_found and left alone).")
     which.add_argument("--queue", dest="job_queue", metavar="QUEUE",
@@ -194,7 +277,7 @@ def configure_cancel(sub: Any) -> None:
                         "ignores job.cancelled runs to its end. Done and failed jobs are "
                         "left alone; jobs locked by a transaction (a transaction-mode job in "
                         "flight) are counted as busy. Prints the counts."))
-    p.add_argument("--id", dest="ids", metavar="N", type=positive_int, nargs="+",
+    p.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
                    action="extend", required=True, help="The jobs to cancel.")
     p.add_argument("--dry-run", action="store_true",
                    help="Report what would be cancelled; change nothing.")
@@ -229,6 +312,9 @@ def purge_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import purge_jobs, render_counts
 
     older_than = seconds_arg("--older-than", args.older_than)
+    if older_than > MAX_PURGE_AGE_S:
+        raise ConfigError(f"--older-than: at most {MAX_PURGE_AGE_S / 86400:.0f}d, got "
+                          f"{args.older_than!r}")
     report = purge_jobs(settings, status=args.status, older_than=older_than,
                         dry_run=args.dry_run)
     emit(report, render_counts, as_json=args.json)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import add_command
 from drainer.cli._output import print_json, seconds_arg
-from drainer.errors import ConfigError
+from drainer.errors import ConfigError, DrainerError
 
 if TYPE_CHECKING:
     from drainer.settings import Settings
@@ -39,8 +39,15 @@ def run_once_command(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         if progress is not None:
             progress.close()
+    log_where_to_look(report.run_id)  # the report stays the last line on a terminal
     print_json(report.as_dict())
     return 0
+
+
+def log_where_to_look(run_id: str) -> None:
+    """The run report's last line: where the jobs of this run are (the run_id column)."""
+    logging.getLogger("drainer.drain").info(
+        "jobs of this run: drainer jobs --run %s", run_id, extra={"run_id": run_id})
 
 
 # -- demo -----------------------------------------------------------------------------------------
@@ -122,11 +129,12 @@ def demo_command(args: argparse.Namespace, settings: Settings) -> int:
 def configure_worker(sub: Any) -> None:
     p = add_command(sub, "worker", "Always-on worker: LISTEN/NOTIFY on a direct connection "
                     "plus a fallback poll (keeps the compute awake).", worker_command)
-    p.add_argument("--max-poll-interval", metavar="SECONDS", default="60",
-                   help="Longest fallback poll interval while empty [default: 60].")
-    p.add_argument("--min-poll-interval", metavar="SECONDS", default="1",
+    p.add_argument("--max-poll-interval", metavar="DURATION", default="60",
+                   help="Longest fallback poll interval while empty: seconds, or 30s, 5m "
+                   "[default: 60s].")
+    p.add_argument("--min-poll-interval", metavar="DURATION", default="1",
                    help="First fallback poll interval after work was seen; doubles while "
-                   "the queue stays empty [default: 1].")
+                   "the queue stays empty [default: 1s].")
 
 
 def _poll_interval(flag: str, value: str) -> float:
@@ -134,6 +142,34 @@ def _poll_interval(flag: str, value: str) -> float:
     if seconds <= 0:
         raise ConfigError(f"{flag} must be positive")
     return seconds
+
+
+def _warn_without_notify_trigger(settings: Settings, max_poll: float) -> bool:
+    """Say loudly at start when the NOTIFY trigger is missing (the worker then only polls).
+
+    True when it is installed. One short connection; a database that cannot be reached
+    is left to the worker's own reconnect loop.
+    """
+    import psycopg
+
+    from drainer.db import Queries, connect
+
+    try:
+        with connect(settings) as conn:
+            rows = Queries(conn, settings.schema_name, settings.table).fetch_dicts(
+                "notify_trigger_installed", {"schema": settings.schema_name,
+                                             "table": settings.table,
+                                             "trigger": f"{settings.table}_notify"})
+    except (psycopg.Error, DrainerError):
+        return True
+    if rows and rows[0]["installed"]:
+        return True
+    logger.warning(
+        "NO NOTIFY TRIGGER on %s.%s: this worker will not hear new jobs; it falls back to "
+        "polling (every %gs at most, --max-poll-interval). Install the trigger with: "
+        "drainer migrate --notify-trigger", settings.schema_name, settings.table, max_poll,
+        extra={"notify_trigger": False})
+    return False
 
 
 def worker_command(args: argparse.Namespace, settings: Settings) -> int:
@@ -149,6 +185,7 @@ def worker_command(args: argparse.Namespace, settings: Settings) -> int:
     settings.dsn  # noqa: B018 - a missing database URL is a configuration error (exit 2)
     queues = resolve_queues(settings, default_registry)
     warn_at_start(settings, min_poll, max_poll)
+    _warn_without_notify_trigger(settings, max_poll)
     stop = threading.Event()
 
     def stopping(name: str) -> None:

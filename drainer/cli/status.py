@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import add_command
-from drainer.cli._output import emit, print_json, seconds_arg
+from drainer.cli._output import JSON_HELP, emit, seconds_arg
 from drainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from drainer.audit import SessionFilter
+    from drainer.audit import AuditResult, SessionFilter
     from drainer.settings import Settings
 
 logger = logging.getLogger("drainer.audit")
@@ -44,9 +43,13 @@ def configure_audit(sub: Any) -> None:
     p = add_command(sub, "audit", "Sample pg_stat_activity and name what keeps the compute "
                     "awake. Exit 0 if the compute could suspend, 1 if something keeps it "
                     "awake.", audit_command)
-    p.add_argument("--duration", metavar="SECONDS", default="60",
-                   help="How long to sample [default: 60].")
-    p.add_argument("--json", action="store_true", help="One JSON object on stdout.")
+    p.add_argument("--duration", metavar="DURATION", default="60",
+                   help="How long to sample: seconds, or 30s, 5m [default: 60s].")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument("--html", metavar="FILE", help="Also write the window's timeline as one "
+                   "self-contained HTML page (inline SVG, no script): awake and asleep "
+                   "bands, each session's activity, who kept the compute awake and why, "
+                   "where it would have suspended.")
     p.add_argument("--only-database", metavar="NAME", action="append",
                    help="Only sessions of this database (repeatable) [default: every "
                    "database: they all run on the same compute].")
@@ -72,9 +75,15 @@ def _filters_from_args(args: argparse.Namespace) -> SessionFilter:
                          application_names=args.only_application or None, pids=pids)
 
 
+def _table(result: AuditResult) -> str:
+    from drainer.audit import format_table
+
+    return format_table(result).rstrip("\n")
+
+
 def audit_command(args: argparse.Namespace, settings: Settings) -> int:
     """Exit 0 if the compute could suspend, 1 if something keeps it up."""
-    from drainer.audit import audit, format_table
+    from drainer.audit import audit
     from drainer.waking import fmt_seconds, idle_timeout_of
 
     duration = seconds_arg("--duration", args.duration)
@@ -85,9 +94,14 @@ def audit_command(args: argparse.Namespace, settings: Settings) -> int:
         logger.warning("idle timeout unknown: assuming %s (%s)", fmt_seconds(idle.seconds),
                        idle.source)
     result = audit(settings, duration=duration, filters=_filters_from_args(args), idle=idle)
-    if args.json:
-        print_json(result.as_dict())
-    else:
-        sys.stdout.write(format_table(result))
-        sys.stdout.flush()
+    if args.html:
+        from drainer.audit.html import write_html
+
+        try:
+            path = write_html(args.html, [("drainer audit", result)])
+        except OSError as exc:
+            raise ConfigError(f"--html: cannot write {args.html}: {exc.strerror or exc}"
+                              ) from None
+        logger.info("timeline written to %s", path, extra={"html": str(path)})
+    emit(result.as_dict(), lambda _: _table(result), as_json=args.json)
     return 0 if result.could_suspend else 1

@@ -54,8 +54,46 @@ def configure_schedule(sub: Any) -> None:
                    "on this address (as drainer serve: bearer DRAINER_TRIGGER_TOKEN, "
                    "coalesced, GET /healthz never touches the database) runs a drain at once, "
                    "never alongside a scheduled one; port 0 picks a free one.")
+    p.add_argument("--host", metavar="HOST", help="With --port, the same as --listen "
+                   "HOST:PORT (serve's form) [default: 127.0.0.1].")
+    p.add_argument("--port", type=port_number, metavar="PORT",
+                   help="Take triggers on this port (the same as --listen HOST:PORT).")
     p.add_argument("--no-auth", action="store_true", help="With --listen: accept POST /drain "
                    "without a bearer token (only behind something that authenticates).")
+
+
+def port_number(text: str) -> int:
+    """argparse ``type=`` of --port: 0 (any free one) to 65535; else a usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number (0 to 65535): {text}")
+    return value
+
+
+def listen_address(args: argparse.Namespace, default_host: str | None,
+                   default_port: int | None) -> tuple[str, int] | None:
+    """--listen HOST:PORT or --host/--port (both forms on serve and schedule), or None.
+
+    ``default_host``/``default_port``: serve's (it always listens); schedule has none, so
+    it listens only when --listen or --port is given.
+    """
+    from drainer.serve import parse_listen
+
+    if args.listen is not None:
+        if args.host is not None or args.port is not None:
+            raise ConfigError("give --listen HOST:PORT or --host/--port, not both")
+        return parse_listen(args.listen)
+    if args.port is None and default_port is None:
+        if args.host is not None:
+            raise ConfigError("--host needs --port (or use --listen HOST:PORT)")
+        return None
+    host = args.host if args.host is not None else default_host or "127.0.0.1"
+    port = args.port if args.port is not None else default_port
+    assert port is not None
+    return host, port
 
 
 def wake_schedule_from_args(args: argparse.Namespace) -> WakeSchedule:
@@ -84,12 +122,11 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
     max_runtime = check_schedule(wakes, idle, settings.max_runtime,
                                  allow_always_on=args.allow_always_on, policy=policy,
                                  max_sleep=settings.max_sleep)
-    listen = None
+    listen = listen_address(args, None, None)
     token: str | None = None
-    if args.listen:
-        from drainer.serve import parse_listen, trigger_token
+    if listen is not None:
+        from drainer.serve import trigger_token
 
-        listen = parse_listen(args.listen)
         token = trigger_token(settings, args.no_auth)
     elif args.no_auth:
         raise ConfigError("--no-auth only goes with --listen")
@@ -174,6 +211,9 @@ def _describe_estimate(estimate: AwakeEstimate, policy: str, idle: IdleTimeout,
 
 
 def _print_report(report: RunReport) -> None:
+    from drainer.cli.run import log_where_to_look
+
+    log_where_to_look(report.run_id)
     print_json(report.as_dict())
 
 
@@ -193,10 +233,12 @@ def _share_log_handlers() -> None:
 def configure_serve(sub: Any) -> None:
     p = add_command(sub, "serve", "HTTP trigger: POST /drain starts a drain; GET /healthz "
                     "never touches the database.", serve_command)
-    p.add_argument("--host", default="127.0.0.1", help="Address to listen on "
+    p.add_argument("--host", metavar="HOST", help="Address to listen on "
                    "[default: 127.0.0.1].")
-    p.add_argument("--port", type=int, default=None, help="Port [default: $PORT (set by "
-                   "Cloud Run and Knative), else 8080; 0 picks a free one].")
+    p.add_argument("--port", type=port_number, metavar="PORT", help="Port [default: $PORT "
+                   "(set by Cloud Run and Knative), else 8080; 0 picks a free one].")
+    p.add_argument("--listen", metavar="HOST:PORT", help="Host and port in one (schedule "
+                   "--listen's form); instead of --host/--port.")
     p.add_argument("--no-auth", action="store_true",
                    help="Accept POST /drain without a bearer token (only behind something "
                    "that authenticates; by default serve refuses to start without "
@@ -209,11 +251,12 @@ def serve_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.registry import default_registry
     from drainer.serve import make_server, serve_until, trigger_token
 
+    address = listen_address(args, "127.0.0.1", _env_port())
+    assert address is not None
     token = trigger_token(settings, args.no_auth)
     settings.dsn  # noqa: B018 - a missing database URL is a configuration error (exit 2)
     queues = resolve_queues(settings, default_registry)  # loads the app; exit 2 if wrong
-    port = args.port if args.port is not None else _env_port()
-    server = make_server(settings, args.host, port, token=token)
+    server = make_server(settings, *address, token=token)
     stop_requested = threading.Event()
 
     def stopping(name: str) -> None:
@@ -236,6 +279,6 @@ def _env_port() -> int:
     if not raw:
         return DEFAULT_PORT
     try:
-        return int(raw)
-    except ValueError:
+        return port_number(raw)
+    except argparse.ArgumentTypeError:
         raise ConfigError(f"PORT is not a port number: {raw!r}") from None

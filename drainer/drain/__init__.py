@@ -53,12 +53,15 @@ def run_once(
     deadline: float | None = None,
     handle_signals: bool = False,
     progress: Callable[[RunReport], None] | None = None,
+    run_id: str | None = None,
 ) -> RunReport:
     """Drain once: the cycle every entry point (CLI, scheduler, serve, serverless) uses.
 
     ``deadline`` is a ``time.monotonic()`` instant after which no more jobs are claimed
     (the earlier of it and ``settings.max_runtime`` wins). ``stop`` is an event that asks
-    for a graceful shutdown, as SIGTERM does with ``handle_signals``.
+    for a graceful shutdown, as SIGTERM does with ``handle_signals``. ``run_id``: the
+    report's (and the claimed rows') run id, when the caller has already given one out
+    (POST /drain answers it before the drain starts); else a new one.
     """
     registry = registry or default_registry
     started = time.monotonic()
@@ -67,7 +70,7 @@ def run_once(
     if settings.max_runtime is not None:
         limit = started + settings.max_runtime
         deadline = limit if deadline is None else min(deadline, limit)
-    report = RunReport(run_id=uuid.uuid4().hex[:12], queues=queues)
+    report = RunReport(run_id=run_id or uuid.uuid4().hex[:12], queues=queues)
     hurry = threading.Event()
     signals = on_stop_signals(_stop_on_signal(stop, hurry)) if handle_signals \
         else contextlib.nullcontext()

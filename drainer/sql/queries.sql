@@ -354,13 +354,13 @@ WHERE rank <= 3
 ORDER BY queue, jobs DESC, error;
 
 -- name: job_list
--- `drainer jobs`: newest first, of one queue and/or one status when given, with the first
--- line of last_error.
+-- `drainer jobs`: newest first, of the given queues and/or one status when given, with the
+-- first line of last_error.
 SELECT id, queue, status, attempts, max_attempts, priority, run_at, locked_until,
        created_at, finished_at, dedup_key,
        left(split_part(last_error, E'\n', 1), 200) AS error
 FROM {jobs}
-WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+WHERE (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s))
   AND (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY id DESC
 LIMIT %(limit)s;
@@ -477,3 +477,14 @@ SELECT pg_stat_force_next_flush();
 -- name: audit_clock
 -- `drainer audit`: the server's clock, for a sample that saw no row to take it from.
 SELECT clock_timestamp();
+
+-- name: notify_trigger_installed
+-- `drainer worker` at start: is the AFTER INSERT trigger of `drainer migrate
+-- --notify-trigger` on the jobs table? Without it the worker hears nothing and only polls.
+SELECT EXISTS (
+  SELECT 1 FROM pg_trigger t
+  JOIN pg_class c ON c.oid = t.tgrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname = %(schema)s AND c.relname = %(table)s AND t.tgname = %(trigger)s
+    AND NOT t.tgisinternal AND t.tgenabled <> 'D'
+) AS installed;

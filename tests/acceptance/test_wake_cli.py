@@ -26,7 +26,7 @@ def reports(out: str) -> list[dict[str, Any]]:
 def start(pg_url: str, schema: str, *extra: str) -> DrainerProcess:
     return DrainerProcess([*ARGS, *extra], pg_url=pg_url, schema=schema,
                           DRAINER_APP="sample_jobs", DRAINER_LOG_LEVEL="DEBUG",
-                          DRAINER_TRIGGER_TOKEN="cli-token")
+                          DRAINER_TRIGGER_TOKEN="cli-trigger-token")
 
 
 def test_a_restart_drains_in_full_once_then_skips(
@@ -78,7 +78,7 @@ def test_listen_takes_the_serve_contract(
             assert r.status == 200 and json.loads(r.read())["status"] == "ok"
         req = urllib.request.Request(f"http://127.0.0.1:{port}/drain", data=b"",
                                      method="POST",
-                                     headers={"Authorization": "Bearer cli-token"})
+                                     headers={"Authorization": "Bearer cli-trigger-token"})
         with urllib.request.urlopen(req, timeout=5) as r:
             assert r.status == 202
         deadline = time.monotonic() + 5

@@ -30,7 +30,8 @@ def _smoke(pg_url: str, prefix: str, out: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench.awake", "--server", pg_url, "--database",
          prefix, "--window", "8", "--idle-timeout", "1", "--warmup", "1.5",
-         "--only", "floor,known-work", "--parallel", "--json", str(out)],
+         "--only", "floor,known-work", "--parallel", "--json", str(out),
+         "--html", str(out.with_suffix(".html"))],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -41,3 +42,6 @@ def _smoke(pg_url: str, prefix: str, out: Path) -> None:
     assert results["floor"]["done"] == 0 and results["floor"]["jobs"] == 45
     assert results["known-work"]["done"] == results["known-work"]["jobs"] == 45
     assert results["floor"]["samples"] >= 15 and results["floor"]["awake_s"] > 0
+    page = out.with_suffix(".html").read_text(encoding="utf-8")  # one section a contender
+    assert page.count("<svg") == 2 and "<script" not in page
+    assert "floor: (producers only)" in page and "known-work: drainer schedule" in page

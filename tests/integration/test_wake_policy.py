@@ -29,7 +29,7 @@ from drainer.scheduler import WakeSchedule, run_schedule
 from drainer.settings import Settings
 from drainer.waking import IdleTimeout
 
-TOKEN = "wake-test-token"
+TOKEN = "wake-policy-test-token"
 
 
 class Sched:

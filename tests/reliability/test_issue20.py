@@ -367,9 +367,6 @@ def test_item7_concurrent_migrate_notify_trigger(pg_url: str, schema: str, conn:
     assert not failures, f"{len(failures)} of 6 concurrent migrate --notify-trigger: {failures}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 7: invalid input (NaN JSON, numbers "
-                   "out of range for their column) exits 1 instead of 2")
 @pytest.mark.parametrize("args", [
     ["enqueue", "q", "NaN"],
     ["enqueue", "q", '{"x": Infinity}'],

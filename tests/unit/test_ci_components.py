@@ -19,7 +19,7 @@ def test_a_missing_component_skips_locally_and_fails_under_ci(
 
 def test_ci_run_installs_the_components_once_and_quietly() -> None:
     script = (ROOT / ".ci" / "run").read_text()
-    for package in ("pgbouncer", "prometheus-pushgateway"):
+    for package in ("pgbouncer", "prometheus-pushgateway", "chromium"):
         assert package in script
     assert script.count("apt-get update") == 1
     assert "apt-get install -y" in script and "--no-install-recommends" in script

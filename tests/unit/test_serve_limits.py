@@ -1,0 +1,120 @@
+"""serve's defences against slow and idle connections (issue 20 item 7): a deadline on
+the request headers, and a cap on open connections so 300 slow unauthenticated clients do
+not hold 300 threads."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+import urllib.request
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from drainer import serve
+from drainer.serve import HttpHost, make_server
+
+
+def _server(monkeypatch: pytest.MonkeyPatch, deadline: float) -> Any:
+    monkeypatch.setattr(serve, "HEADER_DEADLINE_S", deadline)
+    return make_server(SimpleNamespace(), "127.0.0.1", 0, token="a-token-of-16-chars-or-more",
+                       drain=lambda stop: {"claimed": 0})  # type: ignore[arg-type]
+
+
+def _trickle(socks: list[socket.socket]) -> None:
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.send(b"X")
+
+
+def _healthz(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+        assert json.loads(resp.read())["status"] == "ok"
+        return int(resp.status)
+
+
+def test_300_slow_connections_do_not_hold_300_threads(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    server = _server(monkeypatch, deadline=3.0)
+    with HttpHost(server, name="test-serve-limits") as http:
+        _host, port = http.start("test")
+        before = threading.active_count()
+        socks = []
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"POST /drain HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+            socks.append(s)
+        try:
+            peak = before
+            until = time.monotonic() + 2.0
+            while time.monotonic() < until:  # trickle a header byte now and then
+                _trickle(socks)
+                peak = max(peak, threading.active_count())
+                time.sleep(0.25)
+            assert peak - before <= serve.MAX_CONNECTIONS + 2, (before, peak)
+            assert server.refused >= 300 - serve.MAX_CONNECTIONS - 2
+            # past the header deadline, the slow ones are cut off and their threads end
+            until = time.monotonic() + 15
+            while time.monotonic() < until and threading.active_count() > before + 2:
+                _trickle(socks)
+                time.sleep(0.25)
+            assert threading.active_count() <= before + 2, threading.active_count()
+            assert _healthz(port) == 200  # and the server still answers
+        finally:
+            for s in socks:
+                s.close()
+
+
+def test_the_header_deadline_is_total_not_per_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = _server(monkeypatch, deadline=1.5)
+    with HttpHost(server, name="test-serve-deadline") as http:
+        _host, port = http.start("test")
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        started = time.monotonic()
+        s.sendall(b"GET /healthz HTTP/1.1\r\n")
+        closed_after = None
+        try:
+            while time.monotonic() - started < 8:
+                try:
+                    s.sendall(b"X")  # a byte every 0.2 s: no single read waits long
+                except OSError:
+                    closed_after = time.monotonic() - started
+                    break
+                s.settimeout(0.2)
+                try:
+                    if s.recv(1024) == b"":
+                        closed_after = time.monotonic() - started
+                        break
+                except (TimeoutError, BlockingIOError):
+                    pass
+        finally:
+            s.close()
+        assert closed_after is not None and closed_after < 4, closed_after
+        assert _healthz(port) == 200
+
+
+def test_a_connection_beyond_the_cap_gets_503_at_once(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    monkeypatch.setattr(serve, "MAX_CONNECTIONS", 2)
+    server = _server(monkeypatch, deadline=5.0)
+    assert server.max_connections == 2
+    with HttpHost(server, name="test-serve-cap") as http:
+        _host, port = http.start("test")
+        held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+        try:
+            time.sleep(0.3)
+            extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = extra.recv(4096)
+            extra.close()
+            assert answer.startswith(b"HTTP/1.1 503"), answer
+            assert b"too many open connections" in answer
+        finally:
+            for s in held:
+                s.close()
+        time.sleep(0.5)
+        assert _healthz(port) == 200
