@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import psycopg
 from psycopg import pq, sql
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
+from drainer._loaders import register_safe_loaders
 from drainer._redact import redact
 from drainer.errors import ConfigError, DatabaseUnavailable
 
@@ -104,6 +106,7 @@ def identifiers(schema: str, table: str) -> dict[str, sql.Composable]:
         "lease_idx": sql.Identifier(f"{table}_lease_idx"),
         "finished_idx": sql.Identifier(f"{table}_finished_idx"),
         "dedup_idx": sql.Identifier(f"{table}_dedup_idx"),
+        "run_at_check": sql.Identifier(f"{table}_run_at_check"),
         "article_idx": sql.Identifier(schema, f"{table}_ready_idx"),
         "notify_fn": sql.Identifier(schema, f"{table}_notify"),
         "notify_trigger": sql.Identifier(f"{table}_notify"),
@@ -179,6 +182,8 @@ def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[
             continue
         if not settings.prepared_statements:
             conn.prepare_threshold = None
+        # a row the client cannot represent must not fail a whole claim or an ops command
+        register_safe_loaders(conn.adapters)
         return conn
     assert last is not None
     raise DatabaseUnavailable(
@@ -202,6 +207,9 @@ class ClaimedRow(NamedTuple):
     priority: int
     run_at: datetime
     locked_until: datetime
+    fence: int | None = None
+    """The claim's token: grows by one at every claim, never reset (retry included).
+    Always set by the claim statements; a row built by hand without one uses attempts."""
 
 
 def claim_order(row: ClaimedRow) -> tuple[int, datetime, int]:
@@ -229,6 +237,23 @@ def positional(query: str) -> tuple[str, list[str]]:
 def _int_array(values: Sequence[int]) -> bytes:
     """An int[] parameter in PostgreSQL's text form."""
     return ("{" + ",".join(str(int(v)) for v in values) + "}").encode()
+
+
+def _null_array(n: int) -> bytes:
+    """An array of ``n`` NULLs in PostgreSQL's text form (results not given)."""
+    return ("{" + ",".join(["NULL"] * n) + "}").encode()
+
+
+def _results_param(ids: Sequence[int], results: Sequence[Any] | None) -> list[Any]:
+    """What each completed job's handler returned, as jsonb (None: NULL, nothing)."""
+    if results is None:
+        return [None] * len(ids)
+    return [None if r is None else Jsonb(r) for r in results]
+
+
+def _start_now(start_now: int | None, batch_size: int) -> int:
+    """How many of a claim's rows start at once (None: all of them)."""
+    return batch_size if start_now is None else max(0, int(start_now))
 
 
 class Queries:
@@ -267,30 +292,43 @@ class Queries:
         return None if row is None else row[0]
 
     # -- the job lifecycle ----------------------------------------------------------------------
-    def claim_batch(self, queue: str, batch_size: int, lease: float) -> list[ClaimedRow]:
-        cur = self._exec(
-            "claim_batch", {"queue": queue, "batch_size": batch_size, "lease": lease}
-        )
+    def claim_batch(self, queue: str, batch_size: int, lease: float, *,
+                    start_now: int | None = None, run_id: str | None = None
+                    ) -> list[ClaimedRow]:
+        """Claim up to ``batch_size`` due jobs; the first ``start_now`` (default: all) start
+        at once and are charged their attempt; ``run_id`` is recorded on each row."""
+        cur = self._exec("claim_batch", {
+            "queue": queue, "batch_size": batch_size, "lease": lease,
+            "start_now": _start_now(start_now, batch_size), "run_id": run_id})
         rows = [ClaimedRow(*r) for r in cur.fetchall()]
         rows.sort(key=claim_order)
         return rows
 
-    def complete_many(self, ids: Sequence[int], attempts: Sequence[int], *,
-                      delete: bool = False) -> set[int]:
+    def complete_many(self, ids: Sequence[int], fences: Sequence[int], *,
+                      delete: bool = False, results: Sequence[Any] | None = None
+                      ) -> set[int]:
+        """Mark jobs done, fenced; ``results``: what each handler returned (None: NULL)."""
         if not ids:
             return set()
-        name = "delete_completed_many" if delete else "complete_many"
-        cur = self._exec(name, {"ids": list(ids), "attempts": list(attempts)})
+        if delete:
+            cur = self._exec("delete_completed_many", {"ids": list(ids),
+                                                       "fences": list(fences)})
+        else:
+            cur = self._exec("complete_many", {"ids": list(ids), "fences": list(fences),
+                                               "results": _results_param(ids, results)})
         return {r[0] for r in cur.fetchall()}
 
     def complete_many_and_claim(
-        self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-        lease: float,
+        self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
+        lease: float, *, start_now: int | None = None, run_id: str | None = None,
+        results: Sequence[Any] | None = None,
     ) -> tuple[set[int], list[ClaimedRow]]:
         """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
         cur = self._exec("complete_many_and_claim", {
-            "ids": list(ids), "attempts": list(attempts), "running": "running",
+            "ids": list(ids), "fences": list(fences),
+            "results": _results_param(ids, results), "running": "running",
             "queue": queue, "batch_size": batch_size, "lease": lease,
+            "start_now": _start_now(start_now, batch_size), "run_id": run_id,
         })
         written: set[int] = set()
         rows: list[ClaimedRow] = []
@@ -303,36 +341,46 @@ class Queries:
         return written, rows
 
     def fail_many(
-        self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
+        self, ids: Sequence[int], fences: Sequence[int], errors: Sequence[str],
         max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,
     ) -> list[tuple[int, str, datetime]]:
         if not ids:
             return []
         cur = self._exec("fail_many", {
-            "ids": list(ids), "attempts": list(attempts), "errors": list(errors),
+            "ids": list(ids), "fences": list(fences), "errors": list(errors),
             "max_attempts": list(max_attempts),
             "retry_base": retry_base, "retry_cap": retry_cap,
         })
         return [(r[0], r[1], r[2]) for r in cur.fetchall()]
 
     def extend_many(
-        self, ids: Sequence[int], attempts: Sequence[int], leases: Sequence[float]
+        self, ids: Sequence[int], fences: Sequence[int], leases: Sequence[float]
     ) -> dict[int, datetime]:
         if not ids:
             return {}
         cur = self._exec("extend_many", {
-            "ids": list(ids), "attempts": list(attempts), "leases": list(leases),
+            "ids": list(ids), "fences": list(fences), "leases": list(leases),
         })
         return {r[0]: r[1] for r in cur.fetchall()}
 
-    def release_many(self, ids: Sequence[int], attempts: Sequence[int]) -> set[int]:
+    def release_many(self, ids: Sequence[int], fences: Sequence[int]) -> set[int]:
         if not ids:
             return set()
-        cur = self._exec("release_many", {"ids": list(ids), "attempts": list(attempts)})
+        cur = self._exec("release_many", {"ids": list(ids), "fences": list(fences)})
         return {r[0] for r in cur.fetchall()}
 
-    def reap_expired(self, queues: Sequence[str]) -> list[tuple[int, str, int]]:
-        cur = self._exec("reap_expired", {"queues": list(queues)})
+    def lock_running(self, job_id: int, fence: int) -> bool:
+        """Lock a job we still own (FOR UPDATE, fenced), inside the caller's transaction."""
+        return self._exec("lock_running", {"id": job_id, "fence": fence}).fetchone() \
+            is not None
+
+    def reap_expired(self, queues: Sequence[str],
+                     max_attempts: Sequence[int | None] | None = None
+                     ) -> list[tuple[int, str, int]]:
+        """Reap the expired leases of ``queues``; ``max_attempts``: each queue's task's
+        max_attempts (None: the row's)."""
+        limits = list(max_attempts) if max_attempts is not None else [None] * len(queues)
+        cur = self._exec("reap_expired", {"queues": list(queues), "max_attempts": limits})
         return [(r[0], r[1], r[2]) for r in cur.fetchall()]
 
     def archive_batch(self, status: str, older_than: float, batch_size: int,
@@ -422,8 +470,9 @@ class ClaimPipeline:
         """Whether the libpq psycopg uses has pipeline mode (libpq 14 and later)."""
         return psycopg.Pipeline.is_supported()
 
-    def send(self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-             lease: float) -> None:
+    def send(self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
+             lease: float, start_now: int | None = None, run_id: str | None = None
+             ) -> None:
         """Send one completion + claim; the server runs it behind those sent before."""
         pgconn = self.pgconn
         if not self.in_flight:
@@ -434,10 +483,13 @@ class ClaimPipeline:
                     _check(res, self.encoding)
                 self.prepared = True
             pgconn.enter_pipeline_mode()
-        values = {"ids": _int_array(ids), "attempts": _int_array(attempts),
-                  "running": b"running", "queue": queue.encode(self.encoding),
-                  "batch_size": str(int(batch_size)).encode(),
-                  "lease": repr(float(lease)).encode()}
+        values: dict[str, bytes | None] = {
+            "ids": _int_array(ids), "fences": _int_array(fences),
+            "results": _null_array(len(ids)), "running": b"running",
+            "queue": queue.encode(self.encoding), "batch_size": str(int(batch_size)).encode(),
+            "lease": repr(float(lease)).encode(),
+            "start_now": str(_start_now(start_now, batch_size)).encode(),
+            "run_id": None if run_id is None else run_id.encode(self.encoding)}
         params: list[bytes | None] = [values[n] for n in self.names]
         if self.generic:
             pgconn.send_query_params(self.generic_plan, None)
@@ -471,7 +523,8 @@ class ClaimPipeline:
             _check(res, self.encoding)
             if not res.ntuples:
                 continue
-            # kind, id, queue, payload, attempts, max_attempts, priority, run_at, locked_until
+            # kind, id, queue, payload, attempts, max_attempts, priority, run_at, locked_until,
+            # fence
             queue, payload, run_at, locked_until = (
                 self._loader(res.ftype(c)) for c in (2, 3, 7, 8))
             get = res.get_value
@@ -483,7 +536,8 @@ class ClaimPipeline:
                     int(_value(get(i, 1))), queue(_value(get(i, 2))),
                     payload(_value(get(i, 3))), int(_value(get(i, 4))),
                     int(_value(get(i, 5))), int(_value(get(i, 6))),
-                    run_at(_value(get(i, 7))), locked_until(_value(get(i, 8)))))
+                    run_at(_value(get(i, 7))), locked_until(_value(get(i, 8))),
+                    int(_value(get(i, 9)))))
         rows.sort(key=claim_order)
         return written, rows
 

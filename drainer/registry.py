@@ -65,6 +65,9 @@ class Job:
     """Set when the lease was lost (reaped, cancelled) or shutdown began: stop soon."""
     conn: psycopg.Connection[Any] | None = None
     """The claim's connection, inside its transaction (``transaction=True`` tasks only)."""
+    fence: int = 0
+    """The claim's token (grows at every claim of the job, never reset; ``attempt`` is the
+    attempts count, which ``drainer retry`` resets)."""
     _extend: Callable[[Job, float | None], bool] | None = field(default=None, repr=False)
 
     def extend(self, seconds: float | None = None) -> bool:

@@ -95,7 +95,8 @@ class Claims:
                  report: RunReport, tasks: dict[str, Task], *, batch_size: int,
                  max_jobs: int | None, depth: int, combine: bool,
                  lease: Callable[[Task], float],
-                 run_in_transaction: Callable[[Task, int], int]) -> None:
+                 run_in_transaction: Callable[[Task, int], int],
+                 free_slots: Callable[[], int] | None = None) -> None:
         self.q = statements
         self.pipeline = pipeline
         self.outcomes = outcomes
@@ -108,6 +109,9 @@ class Claims:
         self.combine = combine  # successes may be written with a claim (not delete mode)
         self.lease = lease
         self.run_in_transaction = run_in_transaction
+        # how many jobs of an in-step claim start at once (charged their attempt); claims
+        # sent ahead start none. At least 1, so that a suspect at the head is taken.
+        self.free_slots = free_slots or (lambda: batch_size)
         self.cursor = 0  # index in `queues` of the next claim
         self.last_full = False  # the last claim filled its batch: claiming ahead may pay
         self.ahead: list[_Ahead] = []
@@ -116,6 +120,10 @@ class Claims:
     def size(self) -> int:
         return claim_size(self.batch_size, self.max_jobs, self.report.claimed,
                           sum(a.size for a in self.ahead))
+
+    def start_now(self) -> int:
+        """The jobs of an in-step or combined claim that start at once."""
+        return max(1, self.free_slots())
 
     def _task(self, idx: int) -> Task:
         return self.tasks[self.queues[idx]]
@@ -174,7 +182,8 @@ class Claims:
                     self._took(idx, size, got, stay=True)
                     return [], True
                 continue
-            rows = self.q.claim_batch(task.queue, size, self.lease(task))
+            rows = self.q.claim_batch(task.queue, size, self.lease(task),
+                                      start_now=self.start_now(), run_id=self.report.run_id)
             if rows:
                 self._took(idx, size, len(rows))
                 return [(task, r) for r in rows], True
@@ -187,8 +196,8 @@ class Claims:
         buf = self.outcomes.take_successes()
         try:
             written, rows = self.q.complete_many_and_claim(
-                [o.job.id for o in buf], [o.job.attempt for o in buf], task.queue, size,
-                self.lease(task))
+                [o.job.id for o in buf], [o.job.fence for o in buf], task.queue, size,
+                self.lease(task), start_now=self.start_now(), run_id=self.report.run_id)
         except psycopg.errors.DeadlockDetected as exc:
             # the statement rolled back whole (nothing completed, nothing claimed): write
             # and claim in two statements instead, which cannot take part in a cycle
@@ -218,8 +227,9 @@ class Claims:
         task = self._task(self.cursor)
         size = self.size()
         buf = self.outcomes.take_successes()
-        self.pipeline.send([o.job.id for o in buf], [o.job.attempt for o in buf], task.queue,
-                           size, self.lease(task))
+        # claimed ahead: none starts at once (an expired lease gives their attempts back)
+        self.pipeline.send([o.job.id for o in buf], [o.job.fence for o in buf], task.queue,
+                           size, self.lease(task), 0, self.report.run_id)
         self.ahead.append(_Ahead(buf, self.cursor, size))
 
     def receive(self) -> Batch:

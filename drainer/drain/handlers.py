@@ -42,6 +42,8 @@ class Outcome:
     ok: bool
     error: str | None = None
     duration_s: float = 0.0
+    max_attempts: int | None = None
+    """Overrides the task's max_attempts for this failure (0: failed at once)."""
 
 
 @dataclass
@@ -68,7 +70,8 @@ def make_running(task: Task, row: ClaimedRow, lease: float, timeout: float | Non
     deadline = row.locked_until if timeout is None else (
         datetime.now(timezone.utc) + timedelta(seconds=timeout))
     job = Job(row.id, row.queue, row.payload, row.attempts,
-              task.max_attempts or row.max_attempts, deadline)
+              task.max_attempts or row.max_attempts, deadline,
+              fence=row.attempts if row.fence is None else row.fence)
     return Running(job, task, lease, now, None if timeout is None else now + timeout,
                    now + lease)
 

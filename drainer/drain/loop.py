@@ -21,7 +21,7 @@ from drainer.drain.claims import Batch, BatchClock, Claims
 from drainer.drain.handlers import Handlers, Running, make_running
 from drainer.drain.leases import HEARTBEAT_FRACTION, Heartbeat
 from drainer.drain.limits import Limits, record
-from drainer.drain.outcomes import Outcomes
+from drainer.drain.outcomes import Outcomes, undecodable
 from drainer.drain.report import RunReport, job_extra
 from drainer.drain.statements import Statements
 from drainer.registry import Job, Task
@@ -50,7 +50,8 @@ class Drain:
                  vacuum: BetweenBatches | None, *, batch_size: int, grace: float,
                  hurry: threading.Event, lease: Callable[[Task], float],
                  heartbeat: Heartbeat | None = None,
-                 progress: Callable[[RunReport], None] | None = None) -> None:
+                 progress: Callable[[RunReport], None] | None = None,
+                 on_close: Callable[[], None] | None = None) -> None:
         self.report = report
         self.q = statements
         self.claims = claims
@@ -63,6 +64,7 @@ class Drain:
         self.hurry = hurry
         self.lease = lease
         self.heartbeat = heartbeat
+        self.on_close = on_close  # at the end of the loop (the transaction connection)
         self.progress = None if progress is None else _Progress(progress, statements, report)
         self.phase = Phase.CLAIMING
         self.pending: deque[Running] = deque()  # claimed, not handed to a handler yet
@@ -91,6 +93,8 @@ class Drain:
                 if self.heartbeat is not None:
                     self.heartbeat.stop()
                 self.handlers.shutdown()
+                if self.on_close is not None:
+                    self.on_close()
 
     def step(self) -> None:
         """One turn of the loop while CLAIMING or DRAINED."""
@@ -205,6 +209,10 @@ class Drain:
     def _take(self, batch: Batch) -> None:
         for task, row in batch:
             r = make_running(task, row, self.lease(task), self.handlers.timeout(task))
+            poison = undecodable(r)
+            if poison is not None:
+                self.outcomes.add(poison)  # failed at once; the rest of the batch runs
+                continue
             r.job._extend = self._extend_one
             self.pending.append(r)
 
@@ -243,7 +251,7 @@ class Drain:
             jobs.extend(self.handlers.take_back())
         if not jobs:
             return
-        released = self.q.release_many([r.job.id for r in jobs], [r.job.attempt for r in jobs])
+        released = self.q.release_many([r.job.id for r in jobs], [r.job.fence for r in jobs])
         self.report.released += len(released)
         logger.info("released %d claimed jobs that had not started", len(released),
                     extra={"run_id": self.report.run_id})

@@ -6,11 +6,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from drainer.drain.handlers import Outcome
+from drainer._loaders import UndecodablePayload
+from drainer.drain.handlers import Outcome, Running
 from drainer.drain.report import RunReport, job_extra
 from drainer.drain.statements import Statements
 
 logger = logging.getLogger("drainer.drain")
+
+
+def undecodable(r: Running) -> Outcome | None:
+    """A job whose payload the client could not decode: failed at once, on its own (it
+    would fail the same way every time), before any handler sees it."""
+    payload = r.job.payload
+    if not isinstance(payload, UndecodablePayload):
+        return None
+    return Outcome(r.job, r.task, False, f"payload cannot be decoded: {payload.error}",
+                   max_attempts=0)
 
 
 class Outcomes:
@@ -58,7 +69,7 @@ class Outcomes:
         if self.ok:
             buf = self.take_successes()
             self.written(buf, self.q.complete_many(
-                [o.job.id for o in buf], [o.job.attempt for o in buf], delete=self.delete))
+                [o.job.id for o in buf], [o.job.fence for o in buf], delete=self.delete))
         self.write_failures()
 
     def written(self, buf: Sequence[Outcome], ids: set[int]) -> None:
@@ -78,8 +89,9 @@ class Outcomes:
             return
         buf, self.failed = self.failed, []
         rows = self.q.fail_many(
-            [o.job.id for o in buf], [o.job.attempt for o in buf],
-            [o.error or "unknown error" for o in buf], [o.task.max_attempts for o in buf],
+            [o.job.id for o in buf], [o.job.fence for o in buf],
+            [o.error or "unknown error" for o in buf],
+            [o.task.max_attempts if o.max_attempts is None else o.max_attempts for o in buf],
             self.retry_base, self.retry_cap)
         by_id = {o.job.id: o for o in buf}
         for job_id, status, run_at in rows:

@@ -17,22 +17,26 @@ from drainer.db import ClaimedRow
 class Statements(Protocol):
     """Statements sent one at a time, each waiting for its result (autocommit)."""
 
-    def claim_batch(self, queue: str, batch_size: int, lease: float) -> list[ClaimedRow]: ...
+    def claim_batch(self, queue: str, batch_size: int, lease: float, *,
+                    start_now: int | None = None, run_id: str | None = None
+                    ) -> list[ClaimedRow]: ...
 
-    def complete_many(self, ids: Sequence[int], attempts: Sequence[int], *,
-                      delete: bool = False) -> set[int]: ...
+    def complete_many(self, ids: Sequence[int], fences: Sequence[int], *,
+                      delete: bool = False, results: Sequence[Any] | None = None
+                      ) -> set[int]: ...
 
     def complete_many_and_claim(
-        self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-        lease: float,
+        self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
+        lease: float, *, start_now: int | None = None, run_id: str | None = None,
+        results: Sequence[Any] | None = None,
     ) -> tuple[set[int], list[ClaimedRow]]: ...
 
     def fail_many(
-        self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
+        self, ids: Sequence[int], fences: Sequence[int], errors: Sequence[str],
         max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,
     ) -> list[tuple[int, str, datetime]]: ...
 
-    def release_many(self, ids: Sequence[int], attempts: Sequence[int]) -> set[int]: ...
+    def release_many(self, ids: Sequence[int], fences: Sequence[int]) -> set[int]: ...
 
     def queue_summary(self, queues: Sequence[str]) -> tuple[int, datetime | None]: ...
 
@@ -46,8 +50,9 @@ class Pipeline(Protocol):
 
     in_flight: int
 
-    def send(self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-             lease: float) -> None: ...
+    def send(self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
+             lease: float, start_now: int | None = None, run_id: str | None = None
+             ) -> None: ...
 
     def receive(self) -> tuple[set[int], list[ClaimedRow]]: ...
 
