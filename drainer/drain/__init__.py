@@ -80,11 +80,14 @@ def run_once(
             report.reaped = reaper.run_once(q, queues).reaped
             limits = Limits(stop, deadline, settings.max_jobs)
             _build(settings, registry, conn, q, report, limits, hurry, progress).run()
+            served = registry.queues()
             if not stop.is_set():
-                _maintain(settings, q, report)
+                _maintain(settings, q, report, served)
             else:
-                report.remaining_due, next_due = q.queue_summary(queues)
+                report.remaining_due, next_due, report.unserved_due = \
+                    q.queue_summary_served(queues, served)
                 report.next_due_at = _iso(next_due)
+            _warn_unserved(report, served)
         finally:
             conn.close()
             report.connected_s = round(time.monotonic() - connected_at, 6)
@@ -129,13 +132,16 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
     return drain
 
 
-def _maintain(settings: Settings, q: db.Queries, report: RunReport) -> None:
-    """After the drain: archive, vacuum, and what is left due."""
+def _maintain(settings: Settings, q: db.Queries, report: RunReport,
+              served: list[str]) -> None:
+    """After the drain: archive, vacuum, and what is left due (on queues with handlers, and
+    on queues without)."""
     queues = report.queues
     if settings.archive_mode == "delete":
         # archive, table health and what is left in one statement
         fin = q.finish_run(queues, settings.archive_after, settings.failed_retention,
-                           settings.archive_batch_size)
+                           settings.archive_batch_size, served=served)
+        report.unserved_due = fin["unserved_due"]
         config = archiver.ArchiverConfig.from_settings(settings)
         report.archived = archiver.run_once_after(
             q, config, fin["archived_done"], fin["archived_failed"]).archived
@@ -145,11 +151,24 @@ def _maintain(settings: Settings, q: db.Queries, report: RunReport) -> None:
         report.archived = archiver.run_once(
             q, archiver.ArchiverConfig.from_settings(settings)).archived
         vac = vacuum.run_once(q, settings.vacuum_threshold)
-        report.remaining_due, next_due = q.queue_summary(queues)
+        report.remaining_due, next_due, report.unserved_due = \
+            q.queue_summary_served(queues, served)
     report.vacuumed = vac.vacuumed
     report.n_dead_tup = vac.n_dead_tup
     report.last_autovacuum = _iso(vac.last_autovacuum)
     report.next_due_at = _iso(next_due)
+
+
+def _warn_unserved(report: RunReport, served: list[str]) -> None:
+    """One warning line for due jobs that no handler of this app will ever claim."""
+    if not report.unserved_due:
+        return
+    jobs = sum(report.unserved_due.values())
+    listed = ", ".join(f"{q!r} ({n})" for q, n in report.unserved_due.items())
+    logger.warning("%d due job(s) on queues no handler serves: %s; nothing drains them "
+                   "(a misspelt queue name? handlers exist for: %s)", jobs, listed,
+                   ", ".join(served),
+                   extra={"run_id": report.run_id, "unserved_due": report.unserved_due})
 
 
 def resolve_queues(settings: Settings, registry: Registry) -> list[str]:

@@ -179,11 +179,24 @@ INSERT INTO {archive} (id, queue, payload, status, run_at, attempts, max_attempt
 SELECT * FROM moved;
 
 -- name: queue_summary
--- What is left for the given queues after a drain: due now, and the next run_at to come.
-SELECT count(*) FILTER (WHERE run_at <= now()) AS remaining_due,
-       min(run_at) FILTER (WHERE run_at > now()) AS next_due_at
-FROM {jobs}
-WHERE status = 'queued' AND queue = ANY(%(queues)s);
+-- What is left for the given queues after a drain: due now, and the next run_at to come;
+-- and, when `served` (every queue with a handler) is given, the jobs due on queues outside
+-- it, by queue: nothing will ever claim those (a misspelt queue name, a handler removed).
+-- Without `served` (NULL) the last part is a one-time filter that reads nothing.
+SELECT q.remaining_due, q.next_due_at, u.unserved_due
+FROM (
+  SELECT count(*) FILTER (WHERE run_at <= now()) AS remaining_due,
+         min(run_at) FILTER (WHERE run_at > now()) AS next_due_at
+  FROM {jobs}
+  WHERE status = 'queued' AND queue = ANY(%(queues)s)
+) q
+CROSS JOIN (
+  SELECT jsonb_object_agg(queue, n) AS unserved_due
+  FROM (SELECT queue, count(*) AS n FROM {jobs}
+        WHERE %(served)s::text[] IS NOT NULL
+          AND status = 'queued' AND run_at <= now() AND queue <> ALL(%(served)s::text[])
+        GROUP BY queue) s
+) u;
 
 -- name: table_health
 -- Dead tuples and vacuum times of the jobs table, and whether we may VACUUM it: as its
@@ -201,7 +214,7 @@ WHERE c.oid = %(regclass)s::regclass;
 -- name: finish_run
 -- The end of a drain in one statement (archive-mode delete): one archive_delete batch of
 -- done and one of failed jobs, table_health and queue_summary. The archiver goes on with
--- archive_delete when a batch came back full.
+-- archive_delete when a batch came back full. unserved_due: as in queue_summary.
 WITH done_gone AS (
   DELETE FROM {jobs} j
   USING (SELECT id FROM {jobs}
@@ -226,7 +239,7 @@ SELECT (SELECT count(*) FROM done_gone) AS archived_done,
        pg_has_role(current_user, c.relowner, 'USAGE')
        OR CASE WHEN current_setting('server_version_num')::int >= 170000
                THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS can_vacuum,
-       q.remaining_due, q.next_due_at
+       q.remaining_due, q.next_due_at, u.unserved_due
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 CROSS JOIN (
@@ -235,6 +248,12 @@ CROSS JOIN (
   FROM {jobs}
   WHERE status = 'queued' AND queue = ANY(%(queues)s)
 ) q
+CROSS JOIN (
+  SELECT jsonb_object_agg(queue, n) AS unserved_due
+  FROM (SELECT queue, count(*) AS n FROM {jobs}
+        WHERE status = 'queued' AND run_at <= now() AND queue <> ALL(%(served)s::text[])
+        GROUP BY queue) s
+) u
 WHERE c.oid = %(regclass)s::regclass;
 
 -- name: vacuum_after_drain
@@ -265,6 +284,12 @@ VALUES (%(queue)s, %(payload)s, coalesce(%(run_at)s, now()), %(priority)s, %(max
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
 DO NOTHING
 RETURNING id;
+
+-- name: queue_seen
+-- `drainer enqueue` without --app: whether the queue has any job, of any status (queued
+-- first: the claim index answers that at once). A queue never seen may be a misspelt name.
+SELECT EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(queue)s AND status = 'queued')
+    OR EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(queue)s) AS seen;
 
 -- name: enqueue_copy
 -- Bulk enqueue without dedup keys: COPY straight into the table.
