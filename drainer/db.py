@@ -167,6 +167,8 @@ class ClaimedRow(NamedTuple):
     priority: int
     run_at: datetime
     locked_until: datetime
+    #: The producer's W3C trace context ({"traceparent": ...}), or None.
+    trace_context: Any = None
 
 
 def claim_order(row: ClaimedRow) -> tuple[int, datetime, int]:
@@ -459,9 +461,10 @@ class ClaimPipeline:
             _check(res, self.encoding)
             if not res.ntuples:
                 continue
-            # kind, id, queue, payload, attempts, max_attempts, priority, run_at, locked_until
-            queue, payload, run_at, locked_until = (
-                self._loader(res.ftype(c)) for c in (2, 3, 7, 8))
+            # kind, id, queue, payload, attempts, max_attempts, priority, run_at, locked_until,
+            # trace_context
+            queue, payload, run_at, locked_until, trace_context = (
+                self._loader(res.ftype(c)) for c in (2, 3, 7, 8, 9))
             get = res.get_value
             for i in range(res.ntuples):
                 if get(i, 0) == b"done":
@@ -471,7 +474,8 @@ class ClaimPipeline:
                     int(_value(get(i, 1))), queue(_value(get(i, 2))),
                     payload(_value(get(i, 3))), int(_value(get(i, 4))),
                     int(_value(get(i, 5))), int(_value(get(i, 6))),
-                    run_at(_value(get(i, 7))), locked_until(_value(get(i, 8)))))
+                    run_at(_value(get(i, 7))), locked_until(_value(get(i, 8))),
+                    _nullable(trace_context, get(i, 9))))
         rows.sort(key=claim_order)
         return written, rows
 
@@ -496,6 +500,11 @@ class ClaimPipeline:
                 raise psycopg.InterfaceError(f"no loader for type oid {oid}")
             f = self._loaders[oid] = cls(oid, self.conn).load
         return f
+
+
+def _nullable(load: Callable[[bytes], Any], value: bytes | None) -> Any:
+    """A column that may be NULL (``get_value`` gives None for NULL)."""
+    return None if value is None else load(value)
 
 
 def _value(value: bytes | None) -> bytes:

@@ -64,6 +64,9 @@ class Job:
     """Set when the lease was lost (reaped, cancelled) or shutdown began: stop soon."""
     conn: psycopg.Connection[Any] | None = None
     """The claim's connection, inside its transaction (``transaction=True`` tasks only)."""
+    trace_context: dict[str, str] | None = None
+    """The producer's W3C trace context (``traceparent``, ``tracestate``) when it enqueued
+    inside an OpenTelemetry span, else None (the ``trace_context`` column)."""
     _extend: Callable[[Job, float | None], bool] | None = field(default=None, repr=False)
 
     def extend(self, seconds: float | None = None) -> bool:

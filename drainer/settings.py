@@ -284,6 +284,13 @@ class Settings(BaseSettings):
     pushgateway_url: str | None = _opt(
         None, "Prometheus Pushgateway that receives each run report.", "run"
     )
+    otel: Literal["auto", "on", "off"] = _opt(
+        "auto",
+        "OpenTelemetry: each job in a span linked to its producer's, flushed at the end of "
+        "the run. auto: when the app has configured a tracer provider; on; off "
+        "(drainer[otel]).",
+        "run",
+    )
     pushgateway_instance: str | None = _opt(
         None,
         "The 'instance' grouping key of the pushed metrics (default: the host name). Set a "

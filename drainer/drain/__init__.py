@@ -20,8 +20,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from drainer import db
+from drainer import db, otel
 from drainer._signals import on_stop_signals
+from drainer.drain import handlers as handler_calls
 from drainer.drain import transaction
 from drainer.drain.claims import Claims
 from drainer.drain.handlers import MAX_ERROR_CHARS, Handlers, format_error, make_running
@@ -67,6 +68,7 @@ def run_once(
         limit = started + settings.max_runtime
         deadline = limit if deadline is None else min(deadline, limit)
     report = RunReport(run_id=uuid.uuid4().hex[:12], queues=queues)
+    tracing = otel.for_run(settings.otel)
     hurry = threading.Event()
     signals = on_stop_signals(_stop_on_signal(stop, hurry)) if handle_signals \
         else contextlib.nullcontext()
@@ -79,7 +81,12 @@ def run_once(
             logger.debug("drain started", extra={"run_id": report.run_id, "queues": queues})
             report.reaped = reaper.run_once(q, queues).reaped
             limits = Limits(stop, deadline, settings.max_jobs)
-            _build(settings, registry, conn, q, report, limits, hurry, progress).run()
+            drain = _build(settings, registry, conn, q, report, limits, hurry, progress)
+            if tracing is not None:
+                # every handler call of the process from now on runs in a job span
+                handler_calls.job_context = otel.JobSpan
+                drain.outcomes.on_outcome = tracing.outcome
+            drain.run()
             served = registry.queues()
             if not stop.is_set():
                 _maintain(settings, q, report, served)
@@ -91,6 +98,8 @@ def run_once(
         finally:
             conn.close()
             report.connected_s = round(time.monotonic() - connected_at, 6)
+            if tracing is not None:
+                tracing.close()  # a drain-and-exit process: flush before it exits
     report.duration_s = round(time.monotonic() - started, 6)
     logger.debug("drain finished", extra=report.as_dict())
     if settings.pushgateway_url:

@@ -28,7 +28,7 @@ SET status       = 'running',
     locked_until = now() + make_interval(secs => %(lease)s)
 WHERE j.id = ANY (ARRAY(SELECT id FROM next))
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
-          j.locked_until;
+          j.locked_until, j.trace_context;
 
 -- name: complete_many
 -- A batch of jobs succeeded: one statement for all of them. Returns the ids written.
@@ -76,14 +76,15 @@ WITH done AS (
       locked_until = now() + make_interval(secs => %(lease)s)
   WHERE j.id = ANY (ARRAY(SELECT id FROM next))
   RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
-            j.locked_until
+            j.locked_until, j.trace_context
 )
 SELECT 'done' AS kind, id, NULL AS queue, NULL::jsonb AS payload, NULL::int AS attempts,
        NULL::int AS max_attempts, NULL::int AS priority, NULL::timestamptz AS run_at,
-       NULL::timestamptz AS locked_until
+       NULL::timestamptz AS locked_until, NULL::jsonb AS trace_context
 FROM done
 UNION ALL
-SELECT 'claimed', id, queue, payload, attempts, max_attempts, priority, run_at, locked_until
+SELECT 'claimed', id, queue, payload, attempts, max_attempts, priority, run_at, locked_until,
+       trace_context
 FROM claimed;
 
 -- name: generic_plan_for_this_transaction
@@ -278,9 +279,10 @@ VACUUM (SKIP_LOCKED) {jobs};
 
 -- name: enqueue
 -- One job. ON CONFLICT skips a job whose dedup_key is already queued or running.
-INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
+-- trace_context: the producer's W3C trace context, NULL without a current span.
+INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key, trace_context)
 VALUES (%(queue)s, %(payload)s, coalesce(%(run_at)s, now()), %(priority)s, %(max_attempts)s,
-        %(dedup_key)s)
+        %(dedup_key)s, %(trace_context)s)
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
 DO NOTHING
 RETURNING id;
@@ -295,6 +297,11 @@ SELECT EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(queue)s AND status = 'queued
 -- Bulk enqueue without dedup keys: COPY straight into the table.
 COPY {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key) FROM STDIN;
 
+-- name: enqueue_copy_traced
+-- enqueue_copy, with the producer's trace context (the same for every job of the batch).
+COPY {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key, trace_context)
+FROM STDIN;
+
 -- name: enqueue_copy_now
 -- Bulk enqueue of jobs due now without dedup keys: run_at takes its default, now().
 COPY {jobs} (queue, payload, priority, max_attempts) FROM STDIN;
@@ -303,12 +310,13 @@ COPY {jobs} (queue, payload, priority, max_attempts) FROM STDIN;
 -- Bulk enqueue with dedup keys, step 1: a staging table that goes with the transaction.
 CREATE TEMP TABLE drainer_enqueue_stage (
   ord bigint, queue text, payload jsonb, run_at timestamptz, priority int,
-  max_attempts int, dedup_key text
+  max_attempts int, dedup_key text, trace_context jsonb
 ) ON COMMIT DROP;
 
 -- name: enqueue_stage_copy
 -- Bulk enqueue with dedup keys, step 2: COPY into the staging table.
-COPY drainer_enqueue_stage (ord, queue, payload, run_at, priority, max_attempts, dedup_key)
+COPY drainer_enqueue_stage (ord, queue, payload, run_at, priority, max_attempts, dedup_key,
+                            trace_context)
 FROM STDIN;
 
 -- name: enqueue_now
@@ -324,8 +332,8 @@ DROP TABLE drainer_enqueue_stage;
 -- name: enqueue_stage_insert
 -- Bulk enqueue with dedup keys, step 3: insert in input order, skipping duplicates (also
 -- duplicates within the batch: the first one wins).
-INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
-SELECT queue, payload, coalesce(run_at, now()), priority, max_attempts, dedup_key
+INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key, trace_context)
+SELECT queue, payload, coalesce(run_at, now()), priority, max_attempts, dedup_key, trace_context
 FROM drainer_enqueue_stage
 ORDER BY ord
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
