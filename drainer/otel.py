@@ -133,11 +133,9 @@ _tracer: Any = None
 
 
 def _install() -> None:
-    """The tracer job spans come from (drainer.drain sets its handlers' job_context to
-    :class:`JobSpan`)."""
+    """The tracer job spans come from, of the provider in place now (drainer.drain sets
+    its handlers' job_context to :class:`JobSpan`)."""
     global _tracer
-    if _tracer is not None:
-        return
     from opentelemetry import trace
 
     try:
