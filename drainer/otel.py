@@ -78,11 +78,17 @@ def for_run(mode: str) -> RunTracing | None:
     return RunTracing(provider)
 
 
+#: Traced runs in progress in this process: job spans are made only while there is one.
+_active = 0
+
+
 class RunTracing:
     """One run's job spans: ended when their outcome is written, flushed at the end."""
 
     def __init__(self, provider: Any) -> None:
+        global _active
         self.provider = provider
+        _active += 1
 
     def outcome(self, job: Job, outcome: str) -> None:
         """The job's outcome is known (written, or lost): its span ends with it."""
@@ -96,7 +102,9 @@ class RunTracing:
     def close(self) -> None:
         """End the spans of jobs whose outcome this run did not write (a handler left
         running after the grace period: ``lost``), then flush spans and metrics."""
-        for key, (span, ended_ns) in list(_open.items()):
+        global _active
+        _active = max(0, _active - 1)
+        for key, (span, ended_ns) in list(_open.items() if not _active else ()):
             if _open.pop(key, None) is not None:
                 span.set_attribute("drainer.outcome", "lost")
                 span.end(end_time=ended_ns)
@@ -155,8 +163,11 @@ class JobSpan:
     def __init__(self, task: Task, job: Job) -> None:
         self.job = job
         self.ended_ns: int | None = None
+        self.token: object | None = None
 
-    def __enter__(self) -> JobSpan:
+    def __enter__(self) -> JobSpan | None:
+        if not _active:  # a run with OpenTelemetry off, after a traced one
+            return None
         from opentelemetry import context, trace
         from opentelemetry.trace.propagation.tracecontext import (
             TraceContextTextMapPropagator,
@@ -204,6 +215,8 @@ class JobSpan:
 
     def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self.token is None:
+            return
         from opentelemetry import context
 
-        context.detach(self.token)
+        context.detach(self.token)  # type: ignore[arg-type]

@@ -159,6 +159,11 @@ def test_no_span_or_off_stores_nothing_and_traces_nothing(
     assert run_once(migrated, registry=registry).succeeded == 1
     (root,) = _job_spans(spans)
     assert root.parent is None and list(root.links) == []
+    # off again after a traced run in the same process: no span
+    enqueue(conn, "a", {}, **_names(migrated))
+    assert run_once(off, registry=registry).succeeded == 1
+    assert len(_job_spans(spans)) == 1
+    assert otel._open == {}
 
 
 def test_auto_without_a_configured_provider_is_off(
