@@ -89,7 +89,7 @@ def enqueue_command(args: argparse.Namespace, settings: Settings) -> int:
     with connect(settings) as conn:
         q = Queries(conn, settings.schema_name, settings.table)
         check_schema(q)
-        if not settings.app and not q.queue_seen(args.queue):
+        if not settings.app and not _seen(q, args.queue):
             sys.stderr.write(
                 f"drainer enqueue: warning: queue {args.queue!r} has never been seen in "
                 f"{settings.schema_name}.{settings.table} (no job of it, of any status): a "
@@ -119,6 +119,19 @@ def enqueue_command(args: argparse.Namespace, settings: Settings) -> int:
 
         fire(settings)
     return 0
+
+
+def _seen(q: Any, queue: str) -> bool:
+    """Whether the queue has been seen; True when the role may not read the queue column
+    (grants older than this check: no warning rather than a failed enqueue)."""
+    import psycopg
+
+    try:
+        return bool(q.queue_seen(queue))
+    except psycopg.errors.InsufficientPrivilege:
+        if not q.conn.autocommit:
+            q.conn.rollback()
+        return True
 
 
 def _check_handler(app: str, queue: str) -> None:
