@@ -184,6 +184,17 @@ SELECT * FROM moved;
 -- and, when `served` (every queue with a handler) is given, the jobs due on queues outside
 -- it, by queue: nothing will ever claim those (a misspelt queue name, a handler removed).
 -- Without `served` (NULL) the last part is a one-time filter that reads nothing.
+-- `queued_queues` walks the distinct queues of queued jobs on the claim index (one probe a
+-- queue, a loose index scan), so the cost does not grow with the jobs queued for later on
+-- served queues; only the unserved queues' jobs are counted.
+WITH RECURSIVE queued_queues AS (
+  (SELECT queue FROM {jobs}
+   WHERE %(served)s::text[] IS NOT NULL AND status = 'queued' ORDER BY queue LIMIT 1)
+  UNION ALL
+  SELECT (SELECT j.queue FROM {jobs} j
+          WHERE j.status = 'queued' AND j.queue > qq.queue ORDER BY j.queue LIMIT 1)
+  FROM queued_queues qq WHERE qq.queue IS NOT NULL
+)
 SELECT q.remaining_due, q.next_due_at, u.unserved_due
 FROM (
   SELECT count(*) FILTER (WHERE run_at <= now()) AS remaining_due,
@@ -192,11 +203,12 @@ FROM (
   WHERE status = 'queued' AND queue = ANY(%(queues)s)
 ) q
 CROSS JOIN (
-  SELECT jsonb_object_agg(queue, n) AS unserved_due
-  FROM (SELECT queue, count(*) AS n FROM {jobs}
-        WHERE %(served)s::text[] IS NOT NULL
-          AND status = 'queued' AND run_at <= now() AND queue <> ALL(%(served)s::text[])
-        GROUP BY queue) s
+  SELECT jsonb_object_agg(queue, n) FILTER (WHERE n > 0) AS unserved_due
+  FROM (SELECT qq.queue, (SELECT count(*) FROM {jobs} j
+                          WHERE j.status = 'queued' AND j.queue = qq.queue
+                            AND j.run_at <= now()) AS n
+        FROM queued_queues qq
+        WHERE qq.queue IS NOT NULL AND qq.queue <> ALL(%(served)s::text[])) s
 ) u;
 
 -- name: table_health
@@ -216,7 +228,7 @@ WHERE c.oid = %(regclass)s::regclass;
 -- The end of a drain in one statement (archive-mode delete): one archive_delete batch of
 -- done and one of failed jobs, table_health and queue_summary. The archiver goes on with
 -- archive_delete when a batch came back full. unserved_due: as in queue_summary.
-WITH done_gone AS (
+WITH RECURSIVE done_gone AS (
   DELETE FROM {jobs} j
   USING (SELECT id FROM {jobs}
          WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(archive_after)s)
@@ -231,6 +243,12 @@ WITH done_gone AS (
          LIMIT %(batch_size)s) f
   WHERE j.id = f.id
   RETURNING 1
+), queued_queues AS (
+  (SELECT queue FROM {jobs} WHERE status = 'queued' ORDER BY queue LIMIT 1)
+  UNION ALL
+  SELECT (SELECT j.queue FROM {jobs} j
+          WHERE j.status = 'queued' AND j.queue > qq.queue ORDER BY j.queue LIMIT 1)
+  FROM queued_queues qq WHERE qq.queue IS NOT NULL
 )
 SELECT (SELECT count(*) FROM done_gone) AS archived_done,
        (SELECT count(*) FROM failed_gone) AS archived_failed,
@@ -250,10 +268,12 @@ CROSS JOIN (
   WHERE status = 'queued' AND queue = ANY(%(queues)s)
 ) q
 CROSS JOIN (
-  SELECT jsonb_object_agg(queue, n) AS unserved_due
-  FROM (SELECT queue, count(*) AS n FROM {jobs}
-        WHERE status = 'queued' AND run_at <= now() AND queue <> ALL(%(served)s::text[])
-        GROUP BY queue) s
+  SELECT jsonb_object_agg(queue, n) FILTER (WHERE n > 0) AS unserved_due
+  FROM (SELECT qq.queue, (SELECT count(*) FROM {jobs} j
+                          WHERE j.status = 'queued' AND j.queue = qq.queue
+                            AND j.run_at <= now()) AS n
+        FROM queued_queues qq
+        WHERE qq.queue IS NOT NULL AND qq.queue <> ALL(%(served)s::text[])) s
 ) u
 WHERE c.oid = %(regclass)s::regclass;
 

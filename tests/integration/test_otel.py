@@ -197,3 +197,20 @@ def test_a_drain_and_exit_process_flushes_its_spans(pg_url: str, migrated: Setti
     assert job["context"]["trace_id"] == f"0x{trace_id}"
     assert job["attributes"]["drainer.outcome"] == "succeeded"
     assert by_name["inside the handler"]["parent_id"] == job["context"]["span_id"]
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_every_claim_path_carries_the_context(
+        migrated: Settings, pg_url: str, conn: psycopg.Connection[Any], registry: Registry,
+        spans: InMemorySpanExporter, depth: int) -> None:
+    """claim_batch, complete_many_and_claim and the pipelined claim return trace_context."""
+    registry.task("a")(lambda job: None)
+    with trace.get_tracer("app").start_as_current_span("many") as parent:
+        for _ in range(6):
+            enqueue(conn, "a", {}, **_names(migrated))
+    settings = make_settings(pg_url, migrated.schema_name, batch_size=1, pipeline_depth=depth)
+    assert run_once(settings, registry=registry).succeeded == 6
+    job_spans = _job_spans(spans)
+    assert len(job_spans) == 6
+    assert {s.parent.span_id for s in job_spans} == {parent.get_span_context().span_id}
+    assert {s.attributes["drainer.outcome"] for s in job_spans} == {"succeeded"}
