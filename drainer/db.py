@@ -210,6 +210,8 @@ class ClaimedRow(NamedTuple):
     fence: int | None = None
     """The claim's token: grows by one at every claim, never reset (retry included).
     Always set by the claim statements; a row built by hand without one uses attempts."""
+    #: The producer's W3C trace context ({"traceparent": ...}), or None.
+    trace_context: Any = None
 
 
 def claim_order(row: ClaimedRow) -> tuple[int, datetime, int]:
@@ -232,6 +234,11 @@ def positional(query: str) -> tuple[str, list[str]]:
         return f"${names.index(m.group(1)) + 1}"
 
     return _PLACEHOLDER.sub(number, query), names
+
+
+def _counts(value: Any) -> dict[str, int]:
+    """A jsonb {queue: count} (NULL: none), in queue order."""
+    return {str(k): int(v) for k, v in sorted((value or {}).items())}
 
 
 def _int_array(values: Sequence[int]) -> bytes:
@@ -391,26 +398,44 @@ class Queries:
         return cur.rowcount
 
     def queue_summary(self, queues: Sequence[str]) -> tuple[int, datetime | None]:
-        row = self._exec("queue_summary", {"queues": list(queues)}).fetchone()
+        remaining, next_due, _ = self.queue_summary_served(queues, None)
+        return remaining, next_due
+
+    def queue_summary_served(
+        self, queues: Sequence[str], served: Sequence[str] | None,
+    ) -> tuple[int, datetime | None, dict[str, int]]:
+        """queue_summary, and the jobs due on queues outside ``served`` (every queue with a
+        handler), by queue ({} when ``served`` is None)."""
+        row = self._exec("queue_summary", {
+            "queues": list(queues), "served": None if served is None else list(served),
+        }).fetchone()
         assert row is not None
-        return int(row[0]), row[1]
+        return int(row[0]), row[1], _counts(row[2])
 
     def finish_run(self, queues: Sequence[str], archive_after: float, failed_retention: float,
-                   batch_size: int) -> dict[str, Any]:
+                   batch_size: int, served: Sequence[str] | None = None) -> dict[str, Any]:
         """One archive_delete batch of each status, table_health and queue_summary at once.
 
         Keys: archived_done, archived_failed, the table_health keys, remaining_due,
-        next_due_at.
+        next_due_at, unserved_due (jobs due on queues outside ``served``, by queue;
+        ``served`` defaults to ``queues``).
         """
         cur = self.conn.cursor(row_factory=dict_row)
         cur.execute(self._sql["finish_run"], {
             "queues": list(queues), "archive_after": archive_after,
             "failed_retention": failed_retention, "batch_size": batch_size,
-            "regclass": self.regclass,
+            "regclass": self.regclass, "served": list(queues if served is None else served),
         })
         row = cur.fetchone()
         assert row is not None
-        return dict(row)
+        out = dict(row)
+        out["unserved_due"] = _counts(out.get("unserved_due"))
+        return out
+
+    def queue_seen(self, queue: str) -> bool:
+        """Whether the table holds any job of ``queue``, of any status."""
+        row = self._exec("queue_seen", {"queue": queue}).fetchone()
+        return bool(row and row[0])
 
     def vacuum_during_drain(self) -> None:
         self._exec("vacuum_during_drain")
@@ -524,9 +549,9 @@ class ClaimPipeline:
             if not res.ntuples:
                 continue
             # kind, id, queue, payload, attempts, max_attempts, priority, run_at, locked_until,
-            # fence
-            queue, payload, run_at, locked_until = (
-                self._loader(res.ftype(c)) for c in (2, 3, 7, 8))
+            # fence, trace_context
+            queue, payload, run_at, locked_until, trace_context = (
+                self._loader(res.ftype(c)) for c in (2, 3, 7, 8, 10))
             get = res.get_value
             for i in range(res.ntuples):
                 if get(i, 0) == b"done":
@@ -537,7 +562,7 @@ class ClaimPipeline:
                     payload(_value(get(i, 3))), int(_value(get(i, 4))),
                     int(_value(get(i, 5))), int(_value(get(i, 6))),
                     run_at(_value(get(i, 7))), locked_until(_value(get(i, 8))),
-                    int(_value(get(i, 9)))))
+                    int(_value(get(i, 9))), _nullable(trace_context, get(i, 10))))
         rows.sort(key=claim_order)
         return written, rows
 
@@ -562,6 +587,11 @@ class ClaimPipeline:
                 raise psycopg.InterfaceError(f"no loader for type oid {oid}")
             f = self._loaders[oid] = cls(oid, self.conn).load
         return f
+
+
+def _nullable(load: Callable[[bytes], Any], value: bytes | None) -> Any:
+    """A column that may be NULL (``get_value`` gives None for NULL)."""
+    return None if value is None else load(value)
 
 
 def _value(value: bytes | None) -> bytes:

@@ -14,10 +14,11 @@ DEFAULT_PRODUCER_ROLE = "drainer_producer"
 #: Columns a producer may set: not status, attempts, locked_until... so it cannot insert a
 #: job that is already claimed.
 PRODUCER_INSERT_COLUMNS = ("queue", "payload", "run_at", "priority", "max_attempts",
-                           "dedup_key")
+                           "dedup_key", "trace_context")
 #: Columns a producer may read: enqueue's ON CONFLICT (dedup_key) WHERE ... status ...
-#: needs SELECT on the conflict target's columns, RETURNING id on id.
-PRODUCER_SELECT_COLUMNS = ("id", "dedup_key", "status")
+#: needs SELECT on the conflict target's columns, RETURNING id on id; `drainer enqueue`
+#: reads queue (has the queue been seen?).
+PRODUCER_SELECT_COLUMNS = ("id", "dedup_key", "status", "queue")
 
 # Every statement, in the order deploy/sql/roles.sql runs them.
 _CREATE_ROLE = sql.SQL(

@@ -17,6 +17,7 @@ from psycopg import sql
 from psycopg.pq import Format
 from psycopg.types.json import Jsonb
 
+from drainer import otel
 from drainer.db import QUERIES, identifiers
 from drainer.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_SCHEMA, DEFAULT_TABLE
 
@@ -90,7 +91,15 @@ def _params(queue: str, payload: Any, run_at: datetime | None, priority: int,
     _check(queue, max_attempts)
     check_run_at(run_at)
     return {"queue": queue, "payload": Jsonb(payload), "run_at": run_at, "priority": priority,
-            "max_attempts": max_attempts, "dedup_key": dedup_key}
+            "max_attempts": max_attempts, "dedup_key": dedup_key,
+            "trace_context": _trace_context()}
+
+
+def _trace_context() -> Jsonb | None:
+    """The current span's W3C trace context, to store with the job (None: no span, or
+    OpenTelemetry not in use: then nothing is imported)."""
+    carrier = otel.producer_context()
+    return None if carrier is None else Jsonb(carrier)
 
 
 @overload
@@ -173,7 +182,7 @@ def _atomic(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Any
 
 
 _ROW_TYPES = ["text", "jsonb", "timestamptz", "int4", "int4", "text"]
-_STAGE_TYPES = ["int8", *_ROW_TYPES]
+_STAGE_TYPES = ["int8", *_ROW_TYPES, "jsonb"]
 
 
 @dataclass(slots=True)
@@ -187,11 +196,30 @@ class _Bulk:
     specs: list[JobSpec]
     path: str
     needs_now: bool = False
+    trace: Jsonb | None = None  # the producer's trace context, the same for every job
 
     def rows(self, now: datetime | None = None) -> list[tuple[Any, ...]]:
-        """The six-column rows of the "copy" and "stage" paths (run_at filled with ``now``)."""
+        """The six-column rows of the "copy" path (run_at filled with ``now``); a seventh,
+        the trace context, when there is one."""
+        if self.trace is not None:
+            return [(*r, self.trace) for r in self._rows(now)]
+        return self._rows(now)
+
+    def stage_rows(self) -> list[tuple[Any, ...]]:
+        """The rows of the "stage" path: ord, the six columns, the trace context."""
+        return [(i, *r, self.trace) for i, r in enumerate(self._rows(None))]
+
+    def _rows(self, now: datetime | None) -> list[tuple[Any, ...]]:
         return [(s.queue, Jsonb(s.payload), s.run_at if s.run_at is not None else now,
                  s.priority, s.max_attempts, s.dedup_key) for s in self.specs]
+
+    @property
+    def copy_statement(self) -> str:
+        return "enqueue_copy" if self.trace is None else "enqueue_copy_traced"
+
+    @property
+    def copy_types(self) -> list[str]:
+        return _ROW_TYPES if self.trace is None else [*_ROW_TYPES, "jsonb"]
 
 
 def _bulk(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> _Bulk | None:
@@ -211,15 +239,19 @@ def _bulk(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> _Bulk | None:
             keyed = True
     if not specs:
         return None
-    if not timed and not keyed:
+    trace = _trace_context()
+    if keyed:
+        return _Bulk(specs, "stage", trace=trace)
+    if trace is not None:
+        # traced: the "copy" path, whose COPY has a trace_context column
+        return _Bulk(specs, "copy", needs_now=untimed, trace=trace)
+    if not timed:
         # The common bulk case: run_at is left out of the COPY, so the column default
         # (now(), the transaction's start, as SELECT now() would give) fills it, and
         # dedup_key stays NULL: four columns a row instead of six, no extra round trip.
         return _Bulk(specs, "now")
-    if not keyed:
-        # COPY does not apply column defaults to NULLs: run_at is filled with now().
-        return _Bulk(specs, "copy", needs_now=untimed)
-    return _Bulk(specs, "stage")
+    # COPY does not apply column defaults to NULLs: run_at is filled with now().
+    return _Bulk(specs, "copy", needs_now=untimed)
 
 
 @overload
@@ -265,16 +297,16 @@ def enqueue_many(
     with _atomic(conn):
         if bulk.path == "copy":
             now = cur.execute(QUERIES["enqueue_now"]).fetchone() if bulk.needs_now else None
-            with cur.copy(_q("enqueue_copy", schema, table)) as copy:
-                copy.set_types(_ROW_TYPES)
+            with cur.copy(_q(bulk.copy_statement, schema, table)) as copy:
+                copy.set_types(bulk.copy_types)
                 for r in bulk.rows(now[0] if now else None):
                     copy.write_row(r)
             return EnqueueResult(len(specs), 0)
         cur.execute(QUERIES["enqueue_stage"])
         with cur.copy(QUERIES["enqueue_stage_copy"]) as copy:
             copy.set_types(_STAGE_TYPES)
-            for i, r in enumerate(bulk.rows()):
-                copy.write_row((i, *r))
+            for r in bulk.stage_rows():
+                copy.write_row(r)
         cur.execute(_q("enqueue_stage_insert", schema, table))
         inserted = cur.rowcount
         cur.execute(QUERIES["enqueue_stage_drop"])
@@ -314,16 +346,16 @@ async def enqueue_many_async(
             if bulk.needs_now:
                 await cur.execute(QUERIES["enqueue_now"])
                 now = await cur.fetchone()
-            async with cur.copy(_q("enqueue_copy", schema, table)) as copy:
-                copy.set_types(_ROW_TYPES)
+            async with cur.copy(_q(bulk.copy_statement, schema, table)) as copy:
+                copy.set_types(bulk.copy_types)
                 for r in bulk.rows(now[0] if now else None):
                     await copy.write_row(r)
             return EnqueueResult(len(specs), 0)
         await cur.execute(QUERIES["enqueue_stage"])
         async with cur.copy(QUERIES["enqueue_stage_copy"]) as copy:
             copy.set_types(_STAGE_TYPES)
-            for i, r in enumerate(bulk.rows()):
-                await copy.write_row((i, *r))
+            for r in bulk.stage_rows():
+                await copy.write_row(r)
         await cur.execute(_q("enqueue_stage_insert", schema, table))
         inserted = cur.rowcount
         await cur.execute(QUERIES["enqueue_stage_drop"])

@@ -68,6 +68,9 @@ class Job:
     fence: int = 0
     """The claim's token (grows at every claim of the job, never reset; ``attempt`` is the
     attempts count, which ``drainer retry`` resets)."""
+    trace_context: dict[str, str] | None = None
+    """The producer's W3C trace context (``traceparent``, ``tracestate``) when it enqueued
+    inside an OpenTelemetry span, else None (the ``trace_context`` column)."""
     _extend: Callable[[Job, float | None], bool] | None = field(default=None, repr=False)
 
     def extend(self, seconds: float | None = None) -> bool:

@@ -197,7 +197,8 @@ class Settings(BaseSettings):
 
     # -- handlers and the drain -----------------------------------------------------------------
     app: str | None = _opt(
-        None, "Python module that registers handlers with @task (e.g. myapp.jobs).", "run"
+        None, "Python module that registers handlers with @task (e.g. myapp.jobs). For "
+        "enqueue: the queue must have a handler in it.", "run", "enqueue"
     )
     queues: QueueList = _opt(
         None,
@@ -298,6 +299,13 @@ class Settings(BaseSettings):
     )
     pushgateway_url: str | None = _opt(
         None, "Prometheus Pushgateway that receives each run report.", "run"
+    )
+    otel: Literal["auto", "on", "off"] = _opt(
+        "auto",
+        "OpenTelemetry: each job in a span linked to its producer's, flushed at the end of "
+        "the run. auto: when the app has configured a tracer provider; on; off "
+        "(drainer[otel]).",
+        "run",
     )
     pushgateway_instance: str | None = _opt(
         None,

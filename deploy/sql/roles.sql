@@ -33,9 +33,10 @@
 --                   SELECT on drainer_migrations  (every run checks the schema version).
 --   producer role:  USAGE on the schema;
 --                   INSERT on the columns a producer sets (queue, payload, run_at,
---                     priority, max_attempts, dedup_key): it cannot insert a job that is
---                     already 'running' or has used attempts;
---                   SELECT on (id, dedup_key, status) only: enqueue is
+--                     priority, max_attempts, dedup_key, trace_context): it cannot insert
+--                     a job that is already 'running' or has used attempts;
+--                   SELECT on (id, dedup_key, status, queue) only (queue: `drainer
+--                     enqueue` warns about a queue never seen): enqueue is
 --                     INSERT ... ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND
 --                     status IN ('queued','running') DO NOTHING RETURNING id, and
 --                     PostgreSQL checks SELECT on the conflict target's columns (dedup_key,
@@ -108,9 +109,9 @@ GRANT MAINTAIN ON :"schema".:"table" TO :"drainer_role";
 
 -- producers
 GRANT USAGE ON SCHEMA :"schema" TO :"producer_role";
-GRANT INSERT (queue, payload, run_at, priority, max_attempts, dedup_key)
+GRANT INSERT (queue, payload, run_at, priority, max_attempts, dedup_key, trace_context)
   ON :"schema".:"table" TO :"producer_role";
-GRANT SELECT (id, dedup_key, status) ON :"schema".:"table" TO :"producer_role";
+GRANT SELECT (id, dedup_key, status, queue) ON :"schema".:"table" TO :"producer_role";
 GRANT SELECT ON :"schema".drainer_migrations TO :"producer_role";
 
 COMMIT;

@@ -158,11 +158,20 @@ def enqueue_command(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("QUEUE must not be empty")
     run_at = _run_at(args)
     payloads = _parse_payloads(args)  # all parsed before anything is written
+    if settings.app:
+        _check_handler(settings.app, args.queue)
     common: dict[str, Any] = {"run_at": run_at, "priority": args.priority,
                               "max_attempts": settings.max_attempts,
                               "dedup_key": args.dedup_key}
     with connect(settings) as conn:
-        check_schema(Queries(conn, settings.schema_name, settings.table))
+        q = Queries(conn, settings.schema_name, settings.table)
+        check_schema(q)
+        if not settings.app and not _seen(q, args.queue):
+            sys.stderr.write(
+                f"drainer enqueue: warning: queue {args.queue!r} has never been seen in "
+                f"{settings.schema_name}.{settings.table} (no job of it, of any status): a "
+                "misspelt queue name? The job is enqueued; pass --app to check the queue "
+                "against your handlers.\n")
         names: dict[str, Any] = {"schema": settings.schema_name, "table": settings.table}
         if args.payload is not None:
             with conn.transaction():
@@ -187,6 +196,30 @@ def enqueue_command(args: argparse.Namespace, settings: Settings) -> int:
 
         fire(settings)
     return 0
+
+
+def _seen(q: Any, queue: str) -> bool:
+    """Whether the queue has been seen; True when the role may not read the queue column
+    (grants older than this check: no warning rather than a failed enqueue)."""
+    import psycopg
+
+    try:
+        return bool(q.queue_seen(queue))
+    except psycopg.errors.InsufficientPrivilege:
+        if not q.conn.autocommit:
+            q.conn.rollback()
+        return True
+
+
+def _check_handler(app: str, queue: str) -> None:
+    """With --app: the queue must have a handler in it, or nothing would ever drain it."""
+    from drainer.registry import default_registry, load_app
+
+    load_app(app)
+    if queue not in default_registry.tasks:
+        known = ", ".join(default_registry.queues()) or "none"
+        raise ConfigError(f"no handler for queue {queue!r} in {app} (handlers exist for: "
+                          f"{known}); nothing was enqueued")
 
 
 # -- jobs and show --------------------------------------------------------------------------------

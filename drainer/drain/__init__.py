@@ -20,8 +20,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from drainer import db
+from drainer import db, otel
 from drainer._signals import on_stop_signals
+from drainer.drain import handlers as handler_calls
 from drainer.drain import transaction
 from drainer.drain.claims import Claims
 from drainer.drain.handlers import MAX_ERROR_CHARS, Handlers, format_error, make_running
@@ -71,6 +72,7 @@ def run_once(
         limit = started + settings.max_runtime
         deadline = limit if deadline is None else min(deadline, limit)
     report = RunReport(run_id=run_id or uuid.uuid4().hex[:12], queues=queues)
+    tracing = otel.for_run(settings.otel)
     hurry = threading.Event()
     signals = on_stop_signals(_stop_on_signal(stop, hurry)) if handle_signals \
         else contextlib.nullcontext()
@@ -91,15 +93,24 @@ def run_once(
                 limits = Limits(stop, deadline, settings.max_jobs)
                 drain = parts["drain"] = _build(settings, registry, conn, q, report, limits,
                                                 hurry, progress)
+                if tracing is not None:
+                    # every handler call of the process from now on runs in a job span
+                    handler_calls.job_context = otel.JobSpan
+                    drain.outcomes.on_outcome = tracing.outcome
                 drain.run()
+                served = registry.queues()
                 if not stop.is_set():
-                    _maintain(settings, q, report, watchdog)
+                    _maintain(settings, q, report, served, watchdog)
                 else:
-                    report.remaining_due, next_due = q.queue_summary(queues)
+                    report.remaining_due, next_due, report.unserved_due = \
+                        q.queue_summary_served(queues, served)
                     report.next_due_at = _iso(next_due)
+                _warn_unserved(report, served)
             finally:
                 conn.close()
                 report.connected_s = round(time.monotonic() - connected_at, 6)
+                if tracing is not None:
+                    tracing.close()  # a drain-and-exit process: flush before it exits
         except Exception as exc:
             if watchdog is None or not watchdog.fired:
                 raise
@@ -209,13 +220,15 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
 
 
 def _maintain(settings: Settings, q: db.Queries, report: RunReport,
-              watchdog: Watchdog | None = None) -> None:
-    """After the drain: archive, vacuum, and what is left due."""
+              served: list[str], watchdog: Watchdog | None = None) -> None:
+    """After the drain: archive, vacuum, and what is left due (on queues with handlers, and
+    on queues without)."""
     queues = report.queues
     if settings.archive_mode == "delete":
         # archive, table health and what is left in one statement
         fin = q.finish_run(queues, settings.archive_after, settings.failed_retention,
-                           settings.archive_batch_size)
+                           settings.archive_batch_size, served=served)
+        report.unserved_due = fin["unserved_due"]
         config = archiver.ArchiverConfig.from_settings(settings)
         report.archived = archiver.run_once_after(
             q, config, fin["archived_done"], fin["archived_failed"]).archived
@@ -227,11 +240,24 @@ def _maintain(settings: Settings, q: db.Queries, report: RunReport,
             q, archiver.ArchiverConfig.from_settings(settings)).archived
         vac = vacuum.run_once(q, settings.vacuum_threshold,
                               timeout=_maintenance_timeout(settings, watchdog))
-        report.remaining_due, next_due = q.queue_summary(queues)
+        report.remaining_due, next_due, report.unserved_due = \
+            q.queue_summary_served(queues, served)
     report.vacuumed = vac.vacuumed
     report.n_dead_tup = vac.n_dead_tup
     report.last_autovacuum = _iso(vac.last_autovacuum)
     report.next_due_at = _iso(next_due)
+
+
+def _warn_unserved(report: RunReport, served: list[str]) -> None:
+    """One warning line for due jobs that no handler of this app will ever claim."""
+    if not report.unserved_due:
+        return
+    jobs = sum(report.unserved_due.values())
+    listed = ", ".join(f"{q!r} ({n})" for q, n in report.unserved_due.items())
+    logger.warning("%d due job(s) on queues no handler serves: %s; nothing drains them "
+                   "(a misspelt queue name? handlers exist for: %s)", jobs, listed,
+                   ", ".join(served),
+                   extra={"run_id": report.run_id, "unserved_due": report.unserved_due})
 
 
 def resolve_queues(settings: Settings, registry: Registry) -> list[str]:

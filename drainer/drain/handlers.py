@@ -16,6 +16,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -71,7 +72,8 @@ def make_running(task: Task, row: ClaimedRow, lease: float, timeout: float | Non
         datetime.now(timezone.utc) + timedelta(seconds=timeout))
     job = Job(row.id, row.queue, row.payload, row.attempts,
               task.max_attempts or row.max_attempts, deadline,
-              fence=row.attempts if row.fence is None else row.fence)
+              fence=row.attempts if row.fence is None else row.fence,
+              trace_context=row.trace_context)
     return Running(job, task, lease, now, None if timeout is None else now + timeout,
                    now + lease)
 
@@ -103,10 +105,26 @@ def _storable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+_NO_CONTEXT: AbstractContextManager[None] = nullcontext()
+
+
+def _no_context(task: Task, job: Job) -> AbstractContextManager[Any]:
+    return _NO_CONTEXT
+
+
+#: What every handler call runs in: a context manager given the task and the job, whose
+#: value (when not None) is told how the handler ended (drainer.otel sets it to the job's
+#: span for a traced run).
+job_context: Callable[[Task, Job], AbstractContextManager[Any]] = _no_context
+
+
 def call(task: Task, job: Job) -> Outcome:
     """Run one handler and catch whatever it raises."""
     started = time.monotonic()
-    outcome = _call_handler(task, job)
+    with job_context(task, job) as span:
+        outcome = _call_handler(task, job)
+        if span is not None:
+            span.ended(outcome.ok, outcome.error)
     outcome.duration_s = round(time.monotonic() - started, 6)
     return outcome
 

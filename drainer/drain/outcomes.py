@@ -4,12 +4,13 @@ counted in the run report, logged one line per job."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from drainer._loaders import UndecodablePayload
 from drainer.drain.handlers import Outcome, Running
 from drainer.drain.report import RunReport, job_extra
 from drainer.drain.statements import Statements
+from drainer.registry import Job
 
 logger = logging.getLogger("drainer.drain")
 
@@ -40,6 +41,9 @@ class Outcomes:
         self.retry_cap = retry_cap
         self.ok: list[Outcome] = []
         self.failed: list[Outcome] = []
+        #: Told each job's outcome (succeeded, retried, failed, lost) once it is known:
+        #: the job's OpenTelemetry span ends then (drainer.otel).
+        self.on_outcome: Callable[[Job, str], None] | None = None
 
     def __len__(self) -> int:
         return len(self.ok) + len(self.failed)
@@ -48,6 +52,8 @@ class Outcomes:
         """Buffer a finished job's outcome; ``lost``: its lease was lost, nothing to write."""
         if lost:
             self.report.lost += 1
+            if self.on_outcome is not None:
+                self.on_outcome(outcome.job, "lost")
             logger.warning("job %d finished after its lease was lost: outcome not written",
                            outcome.job.id, extra=job_extra(
                                self.report.run_id, outcome.job, outcome="lost",
@@ -75,6 +81,10 @@ class Outcomes:
     def written(self, buf: Sequence[Outcome], ids: set[int]) -> None:
         """Count (and at debug level log) the successes written; the rest were lost."""
         self.report.succeeded += len(ids)
+        if self.on_outcome is not None:
+            for o in buf:
+                if o.job.id in ids:
+                    self.on_outcome(o.job, "succeeded")
         if logger.isEnabledFor(logging.DEBUG):
             for o in buf:
                 if o.job.id in ids:
@@ -100,6 +110,8 @@ class Outcomes:
             else:
                 self.report.retried += 1
             o = by_id[job_id]
+            if self.on_outcome is not None:
+                self.on_outcome(o.job, "failed" if status == "failed" else "retried")
             first = (o.error or "").split("\n", 1)[0]
             logger.info("job %d failed (attempt %d/%d): %s; %s", job_id, o.job.attempt,
                         o.job.max_attempts, first,
@@ -114,6 +126,8 @@ class Outcomes:
         for o in buf:
             if o.job.id not in written:
                 self.report.lost += 1
+                if self.on_outcome is not None:
+                    self.on_outcome(o.job, "lost")
                 logger.warning(
                     "job %d: outcome not written (UPDATE 0): it is no longer ours, another "
                     "worker owns it, it was reaped or cancelled", o.job.id,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -32,6 +32,9 @@ class RunReport:
     stopped_by: str | None = None
     n_dead_tup: int | None = None
     last_autovacuum: str | None = None
+    #: Jobs due at the end of the run on queues no handler serves, by queue: nothing
+    #: drains them (a misspelt queue name, a handler that was removed).
+    unserved_due: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

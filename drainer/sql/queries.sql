@@ -42,7 +42,7 @@ SET status       = 'running',
     locked_until = now() + make_interval(secs => %(lease)s)
 WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
-          j.locked_until, j.fence;
+          j.locked_until, j.fence, j.trace_context;
 
 -- name: complete_many
 -- A batch of jobs succeeded: one statement for all of them, each with what its handler
@@ -99,15 +99,15 @@ WITH done AS (
       locked_until = now() + make_interval(secs => %(lease)s)
   WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
   RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
-            j.locked_until, j.fence
+            j.locked_until, j.fence, j.trace_context
 )
 SELECT 'done' AS kind, id, NULL AS queue, NULL::jsonb AS payload, NULL::int AS attempts,
        NULL::int AS max_attempts, NULL::int AS priority, NULL::timestamptz AS run_at,
-       NULL::timestamptz AS locked_until, NULL::bigint AS fence
+       NULL::timestamptz AS locked_until, NULL::bigint AS fence, NULL::jsonb AS trace_context
 FROM done
 UNION ALL
 SELECT 'claimed', id, queue, payload, attempts, max_attempts, priority, run_at, locked_until,
-       fence
+       fence, trace_context
 FROM claimed;
 
 -- name: generic_plan_for_this_transaction
@@ -234,11 +234,36 @@ INSERT INTO {archive} (id, queue, payload, status, run_at, attempts, max_attempt
 SELECT * FROM moved;
 
 -- name: queue_summary
--- What is left for the given queues after a drain: due now, and the next run_at to come.
-SELECT count(*) FILTER (WHERE run_at <= now()) AS remaining_due,
-       min(run_at) FILTER (WHERE run_at > now()) AS next_due_at
-FROM {jobs}
-WHERE status = 'queued' AND queue = ANY(%(queues)s);
+-- What is left for the given queues after a drain: due now, and the next run_at to come;
+-- and, when `served` (every queue with a handler) is given, the jobs due on queues outside
+-- it, by queue: nothing will ever claim those (a misspelt queue name, a handler removed).
+-- Without `served` (NULL) the last part is a one-time filter that reads nothing.
+-- `queued_queues` walks the distinct queues of queued jobs on the claim index (one probe a
+-- queue, a loose index scan), so the cost does not grow with the jobs queued for later on
+-- served queues; only the unserved queues' jobs are counted.
+WITH RECURSIVE queued_queues AS (
+  (SELECT queue FROM {jobs}
+   WHERE %(served)s::text[] IS NOT NULL AND status = 'queued' ORDER BY queue LIMIT 1)
+  UNION ALL
+  SELECT (SELECT j.queue FROM {jobs} j
+          WHERE j.status = 'queued' AND j.queue > qq.queue ORDER BY j.queue LIMIT 1)
+  FROM queued_queues qq WHERE qq.queue IS NOT NULL
+)
+SELECT q.remaining_due, q.next_due_at, u.unserved_due
+FROM (
+  SELECT count(*) FILTER (WHERE run_at <= now()) AS remaining_due,
+         min(run_at) FILTER (WHERE run_at > now()) AS next_due_at
+  FROM {jobs}
+  WHERE status = 'queued' AND queue = ANY(%(queues)s)
+) q
+CROSS JOIN (
+  SELECT jsonb_object_agg(queue, n) FILTER (WHERE n > 0) AS unserved_due
+  FROM (SELECT qq.queue, (SELECT count(*) FROM {jobs} j
+                          WHERE j.status = 'queued' AND j.queue = qq.queue
+                            AND j.run_at <= now()) AS n
+        FROM queued_queues qq
+        WHERE qq.queue IS NOT NULL AND qq.queue <> ALL(%(served)s::text[])) s
+) u;
 
 -- name: table_health
 -- Dead tuples and vacuum times of the jobs table, and whether we may VACUUM it: as its
@@ -256,8 +281,8 @@ WHERE c.oid = %(regclass)s::regclass;
 -- name: finish_run
 -- The end of a drain in one statement (archive-mode delete): one archive_delete batch of
 -- done and one of failed jobs, table_health and queue_summary. The archiver goes on with
--- archive_delete when a batch came back full.
-WITH done_gone AS (
+-- archive_delete when a batch came back full. unserved_due: as in queue_summary.
+WITH RECURSIVE done_gone AS (
   DELETE FROM {jobs} j
   USING (SELECT id FROM {jobs}
          WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(archive_after)s)
@@ -272,6 +297,12 @@ WITH done_gone AS (
          LIMIT %(batch_size)s) f
   WHERE j.id = f.id
   RETURNING 1
+), queued_queues AS (
+  (SELECT queue FROM {jobs} WHERE status = 'queued' ORDER BY queue LIMIT 1)
+  UNION ALL
+  SELECT (SELECT j.queue FROM {jobs} j
+          WHERE j.status = 'queued' AND j.queue > qq.queue ORDER BY j.queue LIMIT 1)
+  FROM queued_queues qq WHERE qq.queue IS NOT NULL
 )
 SELECT (SELECT count(*) FROM done_gone) AS archived_done,
        (SELECT count(*) FROM failed_gone) AS archived_failed,
@@ -281,7 +312,7 @@ SELECT (SELECT count(*) FROM done_gone) AS archived_done,
        pg_has_role(current_user, c.relowner, 'USAGE')
        OR CASE WHEN current_setting('server_version_num')::int >= 170000
                THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS can_vacuum,
-       q.remaining_due, q.next_due_at
+       q.remaining_due, q.next_due_at, u.unserved_due
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 CROSS JOIN (
@@ -290,6 +321,14 @@ CROSS JOIN (
   FROM {jobs}
   WHERE status = 'queued' AND queue = ANY(%(queues)s)
 ) q
+CROSS JOIN (
+  SELECT jsonb_object_agg(queue, n) FILTER (WHERE n > 0) AS unserved_due
+  FROM (SELECT qq.queue, (SELECT count(*) FROM {jobs} j
+                          WHERE j.status = 'queued' AND j.queue = qq.queue
+                            AND j.run_at <= now()) AS n
+        FROM queued_queues qq
+        WHERE qq.queue IS NOT NULL AND qq.queue <> ALL(%(served)s::text[])) s
+) u
 WHERE c.oid = %(regclass)s::regclass;
 
 -- name: vacuum_after_drain
@@ -314,16 +353,28 @@ VACUUM (SKIP_LOCKED) {jobs};
 
 -- name: enqueue
 -- One job. ON CONFLICT skips a job whose dedup_key is already queued or running.
-INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
+-- trace_context: the producer's W3C trace context, NULL without a current span.
+INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key, trace_context)
 VALUES (%(queue)s, %(payload)s, coalesce(%(run_at)s, now()), %(priority)s, %(max_attempts)s,
-        %(dedup_key)s)
+        %(dedup_key)s, %(trace_context)s)
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
 DO NOTHING
 RETURNING id;
 
+-- name: queue_seen
+-- `drainer enqueue` without --app: whether the queue has any job, of any status (queued
+-- first: the claim index answers that at once). A queue never seen may be a misspelt name.
+SELECT EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(queue)s AND status = 'queued')
+    OR EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(queue)s) AS seen;
+
 -- name: enqueue_copy
 -- Bulk enqueue without dedup keys: COPY straight into the table.
 COPY {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key) FROM STDIN;
+
+-- name: enqueue_copy_traced
+-- enqueue_copy, with the producer's trace context (the same for every job of the batch).
+COPY {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key, trace_context)
+FROM STDIN;
 
 -- name: enqueue_copy_now
 -- Bulk enqueue of jobs due now without dedup keys: run_at takes its default, now().
@@ -333,12 +384,13 @@ COPY {jobs} (queue, payload, priority, max_attempts) FROM STDIN;
 -- Bulk enqueue with dedup keys, step 1: a staging table that goes with the transaction.
 CREATE TEMP TABLE drainer_enqueue_stage (
   ord bigint, queue text, payload jsonb, run_at timestamptz, priority int,
-  max_attempts int, dedup_key text
+  max_attempts int, dedup_key text, trace_context jsonb
 ) ON COMMIT DROP;
 
 -- name: enqueue_stage_copy
 -- Bulk enqueue with dedup keys, step 2: COPY into the staging table.
-COPY drainer_enqueue_stage (ord, queue, payload, run_at, priority, max_attempts, dedup_key)
+COPY drainer_enqueue_stage (ord, queue, payload, run_at, priority, max_attempts, dedup_key,
+                            trace_context)
 FROM STDIN;
 
 -- name: enqueue_now
@@ -354,8 +406,8 @@ DROP TABLE drainer_enqueue_stage;
 -- name: enqueue_stage_insert
 -- Bulk enqueue with dedup keys, step 3: insert in input order, skipping duplicates (also
 -- duplicates within the batch: the first one wins).
-INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
-SELECT queue, payload, coalesce(run_at, now()), priority, max_attempts, dedup_key
+INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key, trace_context)
+SELECT queue, payload, coalesce(run_at, now()), priority, max_attempts, dedup_key, trace_context
 FROM drainer_enqueue_stage
 ORDER BY ord
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')

@@ -156,9 +156,10 @@ def test_roles_hold_exactly_the_documented_privileges(migrated: Settings, pg_url
             ("table", "drainer_migrations", "", "SELECT"),
         }
         producer_columns = {("column", "jobs", c, "INSERT") for c in (
-            "queue", "payload", "run_at", "priority", "max_attempts", "dedup_key")}
+            "queue", "payload", "run_at", "priority", "max_attempts", "dedup_key",
+            "trace_context")}
         producer_columns |= {("column", "jobs", c, "SELECT") for c in (
-            "id", "dedup_key", "status")}
+            "id", "dedup_key", "status", "queue")}
         assert privileges(conn, roles.producer, schema) == {
             ("schema", schema, "", "USAGE"),
             ("table", "drainer_migrations", "", "SELECT"),

@@ -255,3 +255,36 @@ def test_maintenance_defaults_match_the_settings() -> None:
     assert vacuum.VACUUM_THRESHOLD_DEFAULT == settings.DEFAULT_VACUUM_THRESHOLD
     assert vacuum.VACUUM_EVERY_DEFAULT == settings.DEFAULT_VACUUM_EVERY
     assert archiver.ArchiverConfig().batch_size == archiver.ARCHIVE_BATCH_DEFAULT
+
+
+def test_outcomes_tell_each_jobs_outcome_once() -> None:
+    """Outcomes.on_outcome (the end of a job's OpenTelemetry span): succeeded, retried,
+    failed, lost, whichever way the outcome went."""
+    from datetime import datetime, timezone
+    from typing import Any
+
+    from drainer.registry import Job
+
+    class Statements:
+        def complete_many(self, ids: Any, attempts: Any, *, delete: bool = False) -> set[int]:
+            return {1}  # job 2's success is lost (UPDATE 0)
+
+        def fail_many(self, ids: Any, *rest: Any) -> list[tuple[int, str, datetime]]:
+            t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+            return [(3, "queued", t0), (4, "failed", t0)]  # job 5's failure is lost
+
+    told: list[tuple[int, str]] = []
+    outcomes = Outcomes(Statements(), RunReport("r", ["a"]),  # type: ignore[arg-type]
+                        delete=False, retry_base=1, retry_cap=1)
+    outcomes.on_outcome = lambda job, outcome: told.append((job.id, outcome))
+    task = Task(queue="a", func=lambda job: None)
+
+    def outcome(i: int, ok: bool) -> Outcome:
+        return Outcome(Job(i, "a", {}, 1, 5, None), task, ok, None if ok else "E: x")
+
+    for i, ok in ((1, True), (2, True), (3, False), (4, False), (5, False)):
+        outcomes.add(outcome(i, ok))
+    outcomes.add(outcome(6, True), lost=True)
+    outcomes.write()
+    assert sorted(told) == [(1, "succeeded"), (2, "lost"), (3, "retried"), (4, "failed"),
+                            (5, "lost"), (6, "lost")]
