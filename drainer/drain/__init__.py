@@ -118,7 +118,7 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
                     registry.tasks, batch_size=settings.batch_size,
                     max_jobs=settings.max_jobs, depth=settings.pipeline_depth,
                     combine=not settings.delete_on_complete, lease=lease,
-                    run_in_transaction=in_transaction)
+                    run_in_transaction=in_transaction, room=handlers.free)
     drain = Drain(report, q, claims, handlers, outcomes, limits,
                   vacuum.BetweenBatches(q, settings.vacuum_every),
                   batch_size=settings.batch_size, grace=settings.grace, hurry=hurry,

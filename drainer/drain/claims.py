@@ -36,6 +36,10 @@ logger = logging.getLogger("drainer.drain")
 #: takes at most this long.
 PIPELINE_MAX_BATCH_S = 0.1
 
+#: The most jobs one claim takes when it grows to the free handler slots: no drainer
+#: claims more than it can start at once, so none hoards jobs from the others.
+MAX_CLAIM = 1024
+
 Batch = list[tuple["Task", db.ClaimedRow]]
 
 
@@ -95,7 +99,8 @@ class Claims:
                  report: RunReport, tasks: dict[str, Task], *, batch_size: int,
                  max_jobs: int | None, depth: int, combine: bool,
                  lease: Callable[[Task], float],
-                 run_in_transaction: Callable[[Task, int], int]) -> None:
+                 run_in_transaction: Callable[[Task, int], int],
+                 room: Callable[[Task], int] | None = None) -> None:
         self.q = statements
         self.pipeline = pipeline
         self.outcomes = outcomes
@@ -108,13 +113,21 @@ class Claims:
         self.combine = combine  # successes may be written with a claim (not delete mode)
         self.lease = lease
         self.run_in_transaction = run_in_transaction
+        self.room = room  # free handler slots for a task's jobs (None: batch_size only)
         self.cursor = 0  # index in `queues` of the next claim
         self.last_full = False  # the last claim filled its batch: claiming ahead may pay
         self.ahead: list[_Ahead] = []
 
     # -- sizes and queues ---------------------------------------------------------------------
-    def size(self) -> int:
-        return claim_size(self.batch_size, self.max_jobs, self.report.claimed,
+    def size(self, idx: int | None = None) -> int:
+        """The next claim's size for queue ``idx`` (default: the cursor's): a batch, or as
+        many as there are free handler slots when that is more (up to MAX_CLAIM), so that
+        200 handlers are not fed 10 jobs a round trip."""
+        task = self._task(self.cursor if idx is None else idx)
+        batch = self.batch_size
+        if self.room is not None and not task.transaction:
+            batch = max(batch, min(MAX_CLAIM, self.room(task)))
+        return claim_size(batch, self.max_jobs, self.report.claimed,
                           sum(a.size for a in self.ahead))
 
     def _task(self, idx: int) -> Task:
@@ -165,7 +178,7 @@ class Claims:
         for i in range(tries):
             idx = (start + i) % n
             task = self._task(idx)
-            size = self.size()
+            size = self.size(idx)
             if size <= 0:  # --max-jobs reached: the drain ends
                 return [], False
             if task.transaction:
@@ -183,7 +196,7 @@ class Claims:
     def _combined(self, idx: int) -> tuple[Batch, bool] | None:
         """Successes + claim of queue ``idx`` in one statement; None: nothing claimed there."""
         task = self._task(idx)
-        size = self.size()
+        size = self.size(idx)
         buf = self.outcomes.take_successes()
         try:
             written, rows = self.q.complete_many_and_claim(

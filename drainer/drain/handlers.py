@@ -2,14 +2,19 @@
 
 Nothing here touches the database: :class:`Handlers` takes jobs to run and hands back
 their :class:`Outcome`; the drain loop decides what to write. The loop uses only
-``start``, ``wait``, ``in_flight``, ``has_room``/``slots``, ``take_back`` and
-``still_running``, so async handlers on one long-lived event loop can be another class
-with those methods (today each async handler gets its own ``asyncio.run``).
+``start``, ``wait``, ``in_flight``, ``has_room``/``slots``, ``free``, ``take_back`` and
+``still_running``.
+
+Sync handlers run on ``concurrency`` threads; async handlers run as tasks on ONE
+long-lived event loop per drain (:class:`EventLoopThread`), ``concurrency`` of them in
+flight, so that a client made once (an ``httpx.AsyncClient``, an ``asyncio.Lock`` at module
+level) serves every job of the drain.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue as queue_mod
 import threading
 import time
@@ -144,6 +149,7 @@ class Handlers:
         self.running: dict[int, Running] = {}
         self.done_q: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
         self.pool: HandlerThreads | None = None
+        self.loop: EventLoopThread | None = None
 
     def in_flight(self) -> int:
         # finish() marks a job done and removes it under the lock, so every job left in
@@ -156,17 +162,28 @@ class Handlers:
         Handler threads get jobs queued ahead (one each; the whole batch when sequential);
         queued jobs that have not started are taken back and released on shutdown.
         """
-        if r.timeout_at is not None:
-            return self.concurrency
+        if r.timeout_at is not None or r.task.is_async:
+            return self.concurrency  # started at once: nothing queued ahead
         return self.concurrency + (self.batch_size if self.concurrency == 1
                                    else self.concurrency)
 
     def has_room(self, r: Running) -> bool:
         return self.in_flight() < self.slots(r)
 
+    def free(self, task: Task) -> int:
+        """How many more jobs of ``task`` could be handed over now (a claim's size follows
+        it, so that a claim of 10 does not leave 190 of 200 handlers idle)."""
+        queued_ahead = 0 if task.is_async or self.concurrency == 1 else self.concurrency
+        return max(0, self.concurrency + queued_ahead - self.in_flight())
+
     def start(self, r: Running) -> None:
         with self.lock:
             self.running[r.job.id] = r
+        if r.task.is_async:
+            if self.loop is None:
+                self.loop = EventLoopThread()
+            self.loop.submit(r, self.timeout(r.task), self.done_q.put)
+            return
         if r.timeout_at is not None:
             threading.Thread(target=self._thread_main, args=(r,), daemon=True,
                              name=f"drainer-job-{r.job.id}").start()
@@ -207,6 +224,8 @@ class Handlers:
                        if not r.done and r.timeout_at is not None and now >= r.timeout_at]
         for r in expired:
             r.job.cancelled.set()
+            if self.loop is not None:
+                self.loop.cancel(r)
             self._finish(Outcome(r.job, r.task, False,
                                  f"TimeoutError: handler exceeded its timeout of "
                                  f"{self.timeout(r.task)}s (abandoned, told to stop)",
@@ -252,6 +271,104 @@ class Handlers:
     def shutdown(self) -> None:
         if self.pool is not None:
             self.pool.shutdown()
+        if self.loop is not None:
+            self.loop.shutdown()
+
+
+class EventLoopThread:
+    """One event loop on a daemon thread for the whole drain: async handlers run on it as
+    tasks (``asyncio.wait_for`` for their timeouts), their outcomes handed back through
+    ``done``. Like the handler threads it does not hold up the process's exit: a task still
+    running after the grace period is left to its lease."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.tasks: dict[int, asyncio.Future[Any]] = {}  # touched on the loop's thread only
+        self.lock = threading.Lock()
+        self.incoming: list[tuple[Running, float | None, Callable[[Outcome], None]]] = []
+        self.thread = threading.Thread(target=self._main, daemon=True,
+                                       name="drainer-event-loop")
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            with contextlib.suppress(Exception):
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+    def submit(self, r: Running, timeout: float | None,
+               done: Callable[[Outcome], None]) -> None:
+        # jobs handed over together wake the loop once, not once each
+        with self.lock:
+            self.incoming.append((r, timeout, done))
+            wake = len(self.incoming) == 1
+        if wake:
+            self.loop.call_soon_threadsafe(self._start_incoming)
+
+    def _start_incoming(self) -> None:
+        with self.lock:
+            incoming, self.incoming = self.incoming, []
+        for r, timeout, done in incoming:
+            self._start(r, timeout, done)
+
+    def _start(self, r: Running, timeout: float | None,
+               done: Callable[[Outcome], None]) -> None:
+        fut = asyncio.ensure_future(_run_async(r.task, r.job, timeout))
+        self.tasks[r.job.id] = fut
+
+        def finished(f: asyncio.Future[Any]) -> None:
+            self.tasks.pop(r.job.id, None)
+            if f.cancelled():
+                outcome = Outcome(r.job, r.task, False, "CancelledError: handler cancelled")
+            else:
+                outcome = f.result()
+            done(outcome)
+
+        fut.add_done_callback(finished)
+
+    def cancel(self, r: Running) -> None:
+        """Cancel the task of ``r`` (abandoned past its timeout)."""
+        def cancel() -> None:
+            fut = self.tasks.get(r.job.id)
+            if fut is not None:
+                fut.cancel()
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(cancel)
+
+    def shutdown(self) -> None:
+        """Stop the loop once its tasks are done; tasks still running are left to their
+        leases (the thread is a daemon)."""
+        async def drain() -> None:
+            while self.tasks:
+                await asyncio.sleep(0.05)
+            self.loop.stop()
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(drain()))
+
+
+async def _run_async(task: Task, job: Job, timeout: float | None) -> Outcome:
+    """One async handler on the drain's loop, its errors and timeout caught like
+    :func:`call`'s."""
+    started = time.monotonic()
+    try:
+        coro = task.func(job)
+        if timeout is not None:
+            await asyncio.wait_for(coro, timeout)
+        else:
+            await coro
+        outcome = Outcome(job, task, True)
+    except asyncio.TimeoutError:
+        outcome = Outcome(job, task, False, f"TimeoutError: handler exceeded its timeout of "
+                          f"{timeout}s")
+    except asyncio.CancelledError:
+        outcome = Outcome(job, task, False, "CancelledError: handler cancelled")
+    except BaseException as exc:  # a handler may raise anything, SystemExit included
+        outcome = Outcome(job, task, False, format_error(exc))
+    outcome.duration_s = round(time.monotonic() - started, 6)
+    return outcome
 
 
 class HandlerThreads:

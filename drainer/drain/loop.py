@@ -97,7 +97,8 @@ class Drain:
         limit = self._check_limits()
         if limit is None and self.phase is Phase.CLAIMING and not self.pending \
                 and not self.claims.ahead:
-            self._claim()
+            # the successes buffered so far go with the claim (one round trip, not two)
+            self._claim(with_successes=self.claims.can_combine() and not self._vacuum_due())
         if self.limits.must_release():
             # shutdown, or past the deadline: claimed jobs that have not started go back at
             # once (running a whole batch could overrun a platform limit)
