@@ -162,8 +162,8 @@ class Handlers:
         Handler threads get jobs queued ahead (one each; the whole batch when sequential);
         queued jobs that have not started are taken back and released on shutdown.
         """
-        if r.timeout_at is not None or r.task.is_async:
-            return self.concurrency  # started at once: nothing queued ahead
+        if r.timeout_at is not None:
+            return self.concurrency  # a thread of its own, started at once
         return self.concurrency + (self.batch_size if self.concurrency == 1
                                    else self.concurrency)
 
@@ -173,7 +173,7 @@ class Handlers:
     def free(self, task: Task) -> int:
         """How many more jobs of ``task`` could be handed over now (a claim's size follows
         it, so that a claim of 10 does not leave 190 of 200 handlers idle)."""
-        queued_ahead = 0 if task.is_async or self.concurrency == 1 else self.concurrency
+        queued_ahead = 0 if self.concurrency == 1 else self.concurrency
         return max(0, self.concurrency + queued_ahead - self.in_flight())
 
     def start(self, r: Running) -> None:
@@ -181,7 +181,7 @@ class Handlers:
             self.running[r.job.id] = r
         if r.task.is_async:
             if self.loop is None:
-                self.loop = EventLoopThread()
+                self.loop = EventLoopThread(self.concurrency, self.may_start)
             self.loop.submit(r, self.timeout(r.task), self.done_q.put)
             return
         if r.timeout_at is not None:
@@ -255,9 +255,9 @@ class Handlers:
     def take_back(self) -> list[Running]:
         """Jobs queued to handler threads that no thread has picked up: no longer ours to
         run (the caller releases them)."""
-        if self.pool is None:
-            return []
-        taken = self.pool.take_back()
+        taken = [] if self.pool is None else self.pool.take_back()
+        if self.loop is not None:
+            taken.extend(self.loop.take_back())
         with self.lock:
             for r in taken:
                 r.done = True
@@ -277,15 +277,20 @@ class Handlers:
 
 class EventLoopThread:
     """One event loop on a daemon thread for the whole drain: async handlers run on it as
-    tasks (``asyncio.wait_for`` for their timeouts), their outcomes handed back through
-    ``done``. Like the handler threads it does not hold up the process's exit: a task still
-    running after the grace period is left to its lease."""
+    tasks (``asyncio.wait_for`` for their timeouts), at most ``limit`` at once, their
+    outcomes handed back through ``done``. Jobs handed over beyond the limit wait here
+    (queued ahead, as for the handler threads) and can be taken back on shutdown.
+    Like the handler threads it does not hold up the process's exit: a task still running
+    after the grace period is left to its lease."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int, may_start: Callable[[], bool]) -> None:
+        self.limit = limit
+        self.may_start = may_start
+        self.active = 0
+        self.waiting: deque[tuple[Running, float | None, Callable[[Outcome], None]]] = deque()
         self.loop = asyncio.new_event_loop()
         self.tasks: dict[int, asyncio.Future[Any]] = {}  # touched on the loop's thread only
         self.lock = threading.Lock()
-        self.incoming: list[tuple[Running, float | None, Callable[[Outcome], None]]] = []
         self.thread = threading.Thread(target=self._main, daemon=True,
                                        name="drainer-event-loop")
         self.thread.start()
@@ -303,16 +308,26 @@ class EventLoopThread:
                done: Callable[[Outcome], None]) -> None:
         # jobs handed over together wake the loop once, not once each
         with self.lock:
-            self.incoming.append((r, timeout, done))
-            wake = len(self.incoming) == 1
+            self.waiting.append((r, timeout, done))
+            wake = len(self.waiting) == 1 and self.active < self.limit
         if wake:
-            self.loop.call_soon_threadsafe(self._start_incoming)
+            self.loop.call_soon_threadsafe(self._pump)
 
-    def _start_incoming(self) -> None:
-        with self.lock:
-            incoming, self.incoming = self.incoming, []
-        for r, timeout, done in incoming:
+    def _pump(self) -> None:
+        """Start waiting jobs while fewer than ``limit`` run (on the loop's thread)."""
+        while True:
+            with self.lock:
+                if not self.waiting or self.active >= self.limit or not self.may_start():
+                    return
+                r, timeout, done = self.waiting.popleft()
+                self.active += 1
             self._start(r, timeout, done)
+
+    def take_back(self) -> list[Running]:
+        with self.lock:
+            taken = [r for r, _, _ in self.waiting]
+            self.waiting.clear()
+        return taken
 
     def _start(self, r: Running, timeout: float | None,
                done: Callable[[Outcome], None]) -> None:
@@ -321,11 +336,14 @@ class EventLoopThread:
 
         def finished(f: asyncio.Future[Any]) -> None:
             self.tasks.pop(r.job.id, None)
+            with self.lock:
+                self.active -= 1
             if f.cancelled():
                 outcome = Outcome(r.job, r.task, False, "CancelledError: handler cancelled")
             else:
                 outcome = f.result()
             done(outcome)
+            self._pump()
 
         fut.add_done_callback(finished)
 
