@@ -240,6 +240,10 @@ class Queries:
         rows.sort(key=claim_order)
         return rows
 
+    def due_queues(self, queues: Sequence[str]) -> list[str]:
+        """The queues of ``queues`` with a due queued job, in their order."""
+        return [r[0] for r in self._exec("due_queues", {"queues": list(queues)}).fetchall()]
+
     def complete_many(self, ids: Sequence[int], attempts: Sequence[int], *,
                       delete: bool = False) -> set[int]:
         if not ids:

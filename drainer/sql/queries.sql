@@ -30,6 +30,20 @@ WHERE j.id = ANY (ARRAY(SELECT id FROM next))
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
           j.locked_until;
 
+-- name: due_queues
+-- Which of the given queues have a due queued job, in the given order: one probe of the
+-- claim index per queue (LATERAL ... LIMIT 1), so an empty or nearly empty run asks once
+-- instead of sending one empty claim per queue.
+SELECT q.queue
+FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
+CROSS JOIN LATERAL (
+  SELECT 1 FROM {jobs} j
+  WHERE j.queue = q.queue AND j.status = 'queued' AND j.run_at <= now()
+  ORDER BY j.priority DESC, j.run_at, j.id  -- the claim index's order: an index scan
+  LIMIT 1
+) AS due
+ORDER BY q.n;
+
 -- name: complete_many
 -- A batch of jobs succeeded: one statement for all of them. Returns the ids written.
 UPDATE {jobs} j

@@ -75,8 +75,9 @@ def test_claims_rotate_queues_and_count_once() -> None:
         sizes.append((batch[0][0].queue, len(batch), claims.cursor))
     assert sizes == [("a", 10, 0), ("a", 5, 1), ("b", 3, 0)]
     assert report.claimed == 18
-    # the last round tried both queues once, then gave up
-    assert jobs.sent == ["claim_batch"] * 3 + ["claim_batch"] * 2
+    # one due_queues says which queues to try; queues found dry are skipped; the last
+    # round is one due_queues that finds nothing (it was one empty claim per queue)
+    assert jobs.sent == ["due_queues"] + ["claim_batch"] * 3 + ["due_queues"]
 
 
 def test_max_jobs_caps_the_claims() -> None:
