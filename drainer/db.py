@@ -304,6 +304,22 @@ class Queries:
         cur = self._exec("reap_expired", {"queues": list(queues)})
         return [(r[0], r[1], r[2]) for r in cur.fetchall()]
 
+    def run_start(self, queues: Sequence[str], latest: int
+                  ) -> tuple[int | None, list[tuple[int, str, int]], list[str]]:
+        """schema_version, reap_expired (only at version ``latest``) and due_queues in one
+        statement: (version or None when the table is missing, reaped rows, due queues)."""
+        try:
+            rows = self._exec("run_start", {"table": self.table, "queues": list(queues),
+                                            "latest": latest}).fetchall()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            if not self.conn.autocommit:
+                self.conn.rollback()
+            return None, [], []
+        version = next((r[1] for r in rows if r[0] == "version"), None)
+        reaped = [(r[1], r[2], r[3]) for r in rows if r[0] == "reaped"]
+        due = [r[4] for r in sorted((r for r in rows if r[0] == "due"), key=lambda r: r[5])]
+        return version, reaped, due
+
     def archive_batch(self, status: str, older_than: float, batch_size: int,
                       move: bool) -> int:
         cur = self._exec("archive_move" if move else "archive_delete", {

@@ -31,7 +31,7 @@ from drainer.drain.loop import Drain, heartbeat_interval
 from drainer.drain.outcomes import Outcomes
 from drainer.drain.report import RunReport
 from drainer.maintenance import archiver, reaper, vacuum
-from drainer.migrate import check_schema
+from drainer.migrate import check_version, latest_version
 from drainer.registry import Registry, Task, default_registry, load_app
 
 if TYPE_CHECKING:
@@ -75,11 +75,15 @@ def run_once(
         connected_at = time.monotonic()
         try:
             q = db.Queries(conn, settings.schema_name, settings.table)
-            check_schema(q)
+            # schema check, reap and which queues have due jobs: one round trip
+            version, reaped, due = q.run_start(queues, latest_version())
+            check_version(q, version)
             logger.debug("drain started", extra={"run_id": report.run_id, "queues": queues})
-            report.reaped = reaper.run_once(q, queues).reaped
+            report.reaped = reaper.counted(reaped).reaped
             limits = Limits(stop, deadline, settings.max_jobs)
-            _build(settings, registry, conn, q, report, limits, hurry, progress).run()
+            drain = _build(settings, registry, conn, q, report, limits, hurry, progress)
+            drain.claims.known_due(due)
+            drain.run()
             if not stop.is_set():
                 _maintain(settings, q, report)
             else:

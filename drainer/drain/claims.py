@@ -118,6 +118,7 @@ class Claims:
         # with many queues: those believed to have due jobs (None: ask due_queues), so that
         # a sweep over 300 queues is one statement, not 300 empty claims
         self.due: set[int] | None = None
+        self.due_fresh = False  # `due` was just read (the run's first statement): trust it
         self.last_full = False  # the last claim filled its batch: claiming ahead may pay
         self.ahead: list[_Ahead] = []
 
@@ -182,6 +183,12 @@ class Claims:
         return bool(self.outcomes.ok) and self.combine and \
             not self._task(self.cursor).transaction
 
+    def known_due(self, names: list[str]) -> None:
+        """The queues with due jobs, as read by the run's first statement: the first sweep
+        claims only these (none: the run claims nothing), whatever the number of queues."""
+        self.due = {i for i, name in enumerate(self.queues) if name in set(names)}
+        self.due_fresh = True
+
     def _ask_due(self) -> set[int]:
         names = set(self.q.due_queues(self.queues))
         self.due = {i for i, name in enumerate(self.queues) if name in names}
@@ -193,6 +200,9 @@ class Claims:
         every one believed due is dry, then due_queues is asked once more."""
         n = len(self.queues)
         order = [(start + i) % n for i in range(tries)]
+        if self.due_fresh and self.due is not None:
+            self.due_fresh = False
+            return self._sweep([i for i in order if i in self.due])
         if n == 1 or tries == 1:
             return self._sweep(order)
         fresh = not self.due

@@ -24,7 +24,12 @@ class ReapResult:
 
 def run_once(queries: Queries, queues: Sequence[str]) -> ReapResult:
     """Reap the expired leases of ``queues`` (a worker died or stalled past its lease)."""
-    rows = queries.reap_expired(queues)
+    return counted(queries.reap_expired(queues))
+
+
+def counted(rows: Sequence[tuple[int, str, int]]) -> ReapResult:
+    """The result (and the log line) of reaped rows, however they were reaped (the drain
+    reaps in its first statement, ``run_start``)."""
     failed = sum(1 for _id, status, _attempts in rows if status == "failed")
     if rows:
         logger.info("reaped %d expired leases (%d back to queued, %d failed at max_attempts)",

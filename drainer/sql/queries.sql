@@ -168,6 +168,41 @@ SET status       = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued
 WHERE status = 'running' AND locked_until < now() AND queue = ANY(%(queues)s)
 RETURNING id, status, attempts;
 
+-- name: run_start
+-- The fixed work at the start of a drain in one statement (one round trip): the schema
+-- version, reap_expired (only when the version is the one this drainer needs, so an
+-- outdated table is not touched), and due_queues. Rows: ('version', version, NULL...),
+-- one ('reaped', id, status, attempts, queue) per reaped lease, one ('due', ..., queue)
+-- per queue with due jobs, in the given order. A reaped job put back to queued makes its
+-- queue due (the CTE's snapshot does not see the update).
+WITH v AS (
+  SELECT max(version) AS version FROM {migrations} WHERE table_name = %(table)s
+), reaped AS (
+  UPDATE {jobs}
+  SET status       = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
+      locked_until = NULL,
+      finished_at  = CASE WHEN attempts >= max_attempts THEN now() END,
+      last_error   = coalesce(last_error, 'lease expired')
+  WHERE status = 'running' AND locked_until < now() AND queue = ANY(%(queues)s)
+    AND (SELECT version FROM v) = %(latest)s
+  RETURNING id, status, attempts, queue
+)
+SELECT 'version' AS kind, version::bigint AS id, NULL::text AS status, NULL::int AS attempts,
+       NULL::text AS queue, 0::bigint AS n
+FROM v
+UNION ALL
+SELECT 'reaped', id, status, attempts, queue, 0 FROM reaped
+UNION ALL
+SELECT 'due', NULL, NULL, NULL, q.queue, q.n
+FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
+WHERE EXISTS (SELECT 1 FROM reaped r WHERE r.queue = q.queue AND r.status = 'queued')
+   OR EXISTS (
+     SELECT 1 FROM (
+       SELECT 1 FROM {jobs} j
+       WHERE j.queue = q.queue AND j.status = 'queued' AND j.run_at <= now()
+       ORDER BY j.priority DESC, j.run_at, j.id
+       LIMIT 1) AS due);
+
 -- name: archive_delete
 -- Delete up to batch_size finished jobs of one status older than the cutoff.
 WITH doomed AS (

@@ -135,3 +135,18 @@ def test_sync_claims_follow_the_free_handler_slots(
     assert report.succeeded == 300
     assert most >= 80
     assert time.monotonic() - started < 6
+
+
+def test_run_start_reaps_and_the_reaped_job_is_claimed_in_the_same_run(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any]) -> None:
+    # the first statement reaps and finds due queues from one snapshot: a job it puts back
+    # to queued must still count as due, or the run would end without claiming it
+    done: list[str] = []
+    for name in ("a", "b", "c"):
+        registry.task(name)(lambda job: done.append(job.queue))
+    table = sql.Identifier(migrated.schema_name, migrated.table)
+    conn.execute(sql.SQL("INSERT INTO {} (queue, status, attempts, locked_until) VALUES "
+                         "('b', 'running', 1, now() - interval '1 minute')").format(table))
+    report = run_once(migrated, registry=registry)
+    assert report.reaped == 1 and report.succeeded == 1 and done == ["b"]
+    assert _status(conn, migrated) == {"done": 1}
