@@ -15,6 +15,7 @@ time, fits behind the same methods.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -40,6 +41,12 @@ PIPELINE_MAX_BATCH_S = 0.1
 #: claims more than it can start at once, so none hoards jobs from the others.
 MAX_CLAIM = 1024
 
+#: A claim grows with the round trip only when the database is this far away (the fastest
+#: of at least ADAPT_SAMPLES claims took longer, in seconds): locally, even on a loaded
+#: machine, the configured batch size stays.
+ADAPT_MIN_RTT_S = 0.005
+ADAPT_SAMPLES = 5
+
 Batch = list[tuple["Task", db.ClaimedRow]]
 
 
@@ -64,15 +71,38 @@ class BatchClock:
         self.limit = limit
         self.started: float | None = None  # when the batch in hand was handed over
         self.last: float | None = None  # how long the last batch took to run
+        self.count = 0  # jobs handed over in the batch in hand
+        self.per_job: float | None = None  # the last batch's time a job
+        self.rtt: float | None = None  # the fastest claim's round trip (server time included)
+        self.samples = 0
 
     def start(self, now: float) -> None:
         if self.started is None:
             self.started = now
+        self.count += 1
 
     def finish(self, now: float) -> None:
         if self.started is not None:
             self.last = now - self.started
+            self.per_job = self.last / max(1, self.count)
             self.started = None
+            self.count = 0
+
+    def round_trip(self, seconds: float) -> None:
+        self.rtt = seconds if self.rtt is None else min(self.rtt, seconds)
+        self.samples += 1
+
+    def adapted(self, batch_size: int, most: int) -> int:
+        """A claim size for the measured link: with the database ADAPT_MIN_RTT_S or more
+        away, large enough that a batch runs for two round trips (so the claim sent ahead
+        is back before the batch in hand is done), but at most ``most``, and no larger than
+        runs within ``limit`` (so that batches stay fast enough to claim ahead, and a
+        claimed job waits at most that long for its handler)."""
+        if self.rtt is None or self.rtt < ADAPT_MIN_RTT_S or not self.per_job \
+                or self.samples < ADAPT_SAMPLES:
+            return batch_size
+        want = int(2 * self.rtt / self.per_job) + 1
+        return max(batch_size, min(most, want, int(self.limit / self.per_job)))
 
     def fast(self) -> bool:
         """The last batch ran fast enough to claim the next ahead of it."""
@@ -121,6 +151,7 @@ class Claims:
         self.due_fresh = False  # `due` was just read (the run's first statement): trust it
         self.last_full = False  # the last claim filled its batch: claiming ahead may pay
         self.ahead: list[_Ahead] = []
+        self.clock = BatchClock()  # batch times and round trips (the drain loop's clock)
 
     # -- sizes and queues ---------------------------------------------------------------------
     def size(self, idx: int | None = None) -> int:
@@ -129,6 +160,8 @@ class Claims:
         200 handlers are not fed 10 jobs a round trip."""
         task = self._task(self.cursor if idx is None else idx)
         batch = self.batch_size
+        if not task.transaction:
+            batch = self.clock.adapted(batch, MAX_CLAIM)
         if self.room is not None and not task.transaction:
             batch = max(batch, min(MAX_CLAIM, self.room(task)))
         return claim_size(batch, self.max_jobs, self.report.claimed,
@@ -226,7 +259,9 @@ class Claims:
                     return [], True
                 self._dry(idx)
                 continue
+            sent = time.monotonic()
             rows = self.q.claim_batch(task.queue, size, self.lease(task))
+            self.clock.round_trip(time.monotonic() - sent)
             if len(rows) < size:
                 self._dry(idx)
             if rows:
@@ -244,9 +279,11 @@ class Claims:
         size = self.size(idx)
         buf = self.outcomes.take_successes()
         try:
+            sent = time.monotonic()
             written, rows = self.q.complete_many_and_claim(
                 [o.job.id for o in buf], [o.job.attempt for o in buf], task.queue, size,
                 self.lease(task))
+            self.clock.round_trip(time.monotonic() - sent)
         except psycopg.errors.DeadlockDetected as exc:
             # the statement rolled back whole (nothing completed, nothing claimed): write
             # and claim in two statements instead, which cannot take part in a cycle

@@ -66,7 +66,7 @@ class Drain:
         self.progress = None if progress is None else _Progress(progress, statements, report)
         self.phase = Phase.CLAIMING
         self.pending: deque[Running] = deque()  # claimed, not handed to a handler yet
-        self.clock = BatchClock()
+        self.clock: BatchClock = claims.clock
 
     def leases(self) -> list[Running]:
         """The jobs whose leases are ours to extend: running, or waiting to start."""

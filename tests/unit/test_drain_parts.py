@@ -256,3 +256,33 @@ def test_maintenance_defaults_match_the_settings() -> None:
     assert vacuum.VACUUM_THRESHOLD_DEFAULT == settings.DEFAULT_VACUUM_THRESHOLD
     assert vacuum.VACUUM_EVERY_DEFAULT == settings.DEFAULT_VACUUM_EVERY
     assert archiver.ArchiverConfig().batch_size == archiver.ARCHIVE_BATCH_DEFAULT
+
+
+def test_claim_size_adapts_to_a_far_database_within_bounds() -> None:
+    from drainer.drain.claims import ADAPT_MIN_RTT_S, BatchClock
+
+    clock = BatchClock(limit=0.1)
+    assert clock.adapted(10, 1024) == 10  # nothing measured yet
+    for _ in range(10):
+        clock.start(0.0)
+    clock.finish(0.001)  # 10 jobs in 1 ms: 0.1 ms a job
+    clock.round_trip(ADAPT_MIN_RTT_S / 4)
+    assert clock.adapted(10, 1024) == 10  # a local database: the configured batch
+    clock = BatchClock(limit=0.1)
+    for _ in range(10):
+        clock.start(0.0)
+    clock.finish(0.001)
+    clock.round_trip(0.012)
+    clock.round_trip(0.010)  # the fastest round trip counts
+    assert clock.adapted(10, 1024) == 10  # not before ADAPT_SAMPLES round trips
+    for _ in range(3):
+        clock.round_trip(0.011)
+    assert clock.adapted(10, 1024) == 201  # two round trips of work: 2 x 10 ms / 0.1 ms
+    assert clock.adapted(10, 150) == 150  # never more than the cap
+    assert clock.adapted(500, 1024) == 500  # never less than --batch-size
+    slow = BatchClock(limit=0.1)
+    slow.start(0.0)
+    slow.finish(0.02)  # 20 ms a job: a batch of 2 round trips would be slow to run
+    for _ in range(5):
+        slow.round_trip(0.05)
+    assert slow.adapted(3, 1024) == 5  # at most what runs within the limit (0.1 s)
