@@ -147,6 +147,7 @@ class Handlers:
         self.may_start = may_start
         self.lock = threading.Lock()
         self.running: dict[int, Running] = {}
+        self.timed: dict[int, Running] = {}  # those of `running` with a timeout
         self.done_q: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
         self.pool: HandlerThreads | None = None
         self.loop: EventLoopThread | None = None
@@ -179,6 +180,8 @@ class Handlers:
     def start(self, r: Running) -> None:
         with self.lock:
             self.running[r.job.id] = r
+            if r.timeout_at is not None:
+                self.timed[r.job.id] = r
         if r.task.is_async:
             if self.loop is None:
                 self.loop = EventLoopThread(self.concurrency, self.may_start)
@@ -219,8 +222,8 @@ class Handlers:
             except queue_mod.Empty:
                 outcome = None
         now = time.monotonic()
-        with self.lock:
-            expired = [r for r in self.running.values()
+        with self.lock:  # only the jobs with a timeout: not every job in flight each step
+            expired = [r for r in self.timed.values()
                        if not r.done and r.timeout_at is not None and now >= r.timeout_at]
         for r in expired:
             r.job.cancelled.set()
@@ -247,6 +250,7 @@ class Handlers:
                 return  # a late result of an abandoned (timed-out) handler
             r.done = True
             del self.running[outcome.job.id]
+            self.timed.pop(outcome.job.id, None)
         into.append((outcome, r))
 
     def timeout(self, task: Task) -> float | None:
@@ -262,6 +266,7 @@ class Handlers:
             for r in taken:
                 r.done = True
                 self.running.pop(r.job.id, None)
+                self.timed.pop(r.job.id, None)
         return taken
 
     def still_running(self) -> list[Running]:
