@@ -44,7 +44,7 @@ MAX_CLAIM = 1024
 #: A claim grows with the round trip only when the database is this far away (the fastest
 #: of at least ADAPT_SAMPLES claims took longer, in seconds): locally, even on a loaded
 #: machine, the configured batch size stays.
-ADAPT_MIN_RTT_S = 0.005
+ADAPT_MIN_RTT_S = 0.008
 ADAPT_SAMPLES = 5
 
 Batch = list[tuple["Task", db.ClaimedRow]]
@@ -120,6 +120,7 @@ class _Ahead:
     successes: list[Outcome]
     idx: int
     size: int
+    sent: float = 0.0  # time.monotonic() when it went out
 
 
 class Claims:
@@ -315,14 +316,20 @@ class Claims:
         buf = self.outcomes.take_successes()
         self.pipeline.send([o.job.id for o in buf], [o.job.attempt for o in buf], task.queue,
                            size, self.lease(task))
-        self.ahead.append(_Ahead(buf, self.cursor, size))
+        self.ahead.append(_Ahead(buf, self.cursor, size, time.monotonic()))
 
     def receive(self) -> Batch:
         """Read the oldest statement in flight: count what it wrote, return what it claimed."""
         assert self.pipeline is not None
         sent = self.ahead.pop(0)
         try:
+            waited = time.monotonic()
             result = self.pipeline.receive()
+            now = time.monotonic()
+            # a round trip when the read mostly waited for the server (not when the result
+            # was back already and the time in flight was the batch in hand running)
+            if now - waited >= (now - sent.sent) / 2:
+                self.clock.round_trip(now - sent.sent)
         except psycopg.errors.DeadlockDetected as exc:
             return self._deadlocked(sent, exc)
         return self._received(sent, result)
