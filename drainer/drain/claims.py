@@ -96,13 +96,14 @@ class BatchClock:
         """A claim size for the measured link: with the database ADAPT_MIN_RTT_S or more
         away, large enough that a batch runs for two round trips (so the claim sent ahead
         is back before the batch in hand is done), but at most ``most``, and no larger than
-        runs within ``limit`` (so that batches stay fast enough to claim ahead, and a
+        runs within half the ``limit`` (so that batches stay fast enough to claim ahead, and a
         claimed job waits at most that long for its handler)."""
         if self.rtt is None or self.rtt < ADAPT_MIN_RTT_S or not self.per_job \
                 or self.samples < ADAPT_SAMPLES:
             return batch_size
         want = int(2 * self.rtt / self.per_job) + 1
-        return max(batch_size, min(most, want, int(self.limit / self.per_job)))
+        # half the limit: a batch sized right at it would be "slow" every other time
+        return max(batch_size, min(most, want, int(self.limit / 2 / self.per_job)))
 
     def fast(self) -> bool:
         """The last batch ran fast enough to claim the next ahead of it."""

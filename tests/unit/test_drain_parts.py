@@ -285,4 +285,4 @@ def test_claim_size_adapts_to_a_far_database_within_bounds() -> None:
     slow.finish(0.02)  # 20 ms a job: a batch of 2 round trips would be slow to run
     for _ in range(5):
         slow.round_trip(0.05)
-    assert slow.adapted(3, 1024) == 5  # at most what runs within the limit (0.1 s)
+    assert slow.adapted(1, 1024) == 2  # at most what runs within half the limit (0.05 s)
