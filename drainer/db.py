@@ -311,6 +311,10 @@ class Queries:
         rows.sort(key=claim_order)
         return rows
 
+    def due_queues(self, queues: Sequence[str]) -> list[str]:
+        """The queues of ``queues`` with a due queued job, in their order."""
+        return [r[0] for r in self._exec("due_queues", {"queues": list(queues)}).fetchall()]
+
     def complete_many(self, ids: Sequence[int], fences: Sequence[int], *,
                       delete: bool = False, results: Sequence[Any] | None = None
                       ) -> set[int]:
@@ -389,6 +393,26 @@ class Queries:
         limits = list(max_attempts) if max_attempts is not None else [None] * len(queues)
         cur = self._exec("reap_expired", {"queues": list(queues), "max_attempts": limits})
         return [(r[0], r[1], r[2]) for r in cur.fetchall()]
+
+    def run_start(self, queues: Sequence[str], latest: int,
+                  max_attempts: Sequence[int | None] | None = None
+                  ) -> tuple[int | None, list[tuple[int, str, int]], list[str]]:
+        """schema_version, reap_expired (only at version ``latest``; ``max_attempts`` as
+        there) and due_queues in one statement: (version or None when the table is
+        missing, reaped rows, due queues)."""
+        limits = list(max_attempts) if max_attempts is not None else [None] * len(queues)
+        try:
+            rows = self._exec("run_start", {"table": self.table, "queues": list(queues),
+                                            "latest": latest,
+                                            "max_attempts": limits}).fetchall()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            if not self.conn.autocommit:
+                self.conn.rollback()
+            return None, [], []
+        version = next((r[1] for r in rows if r[0] == "version"), None)
+        reaped = [(r[1], r[2], r[3]) for r in rows if r[0] == "reaped"]
+        due = [r[4] for r in sorted((r for r in rows if r[0] == "due"), key=lambda r: r[5])]
+        return version, reaped, due
 
     def archive_batch(self, status: str, older_than: float, batch_size: int,
                       move: bool) -> int:

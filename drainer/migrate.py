@@ -136,7 +136,11 @@ def install_notify_trigger(conn: psycopg.Connection[Any], schema: str, table: st
 
 def check_schema(queries: Queries) -> int:
     """Raise SchemaError (exit 4) unless the table is migrated to the latest version."""
-    version = queries.schema_version()
+    return check_version(queries, queries.schema_version())
+
+
+def check_version(queries: Queries, version: int | None) -> int:
+    """check_schema for a version already read (as by the drain's first statement)."""
     latest = latest_version()
     target = f"{queries.schema}.{queries.table}"
     if version is None:

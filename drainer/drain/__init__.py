@@ -33,7 +33,7 @@ from drainer.drain.outcomes import Outcomes
 from drainer.drain.report import RunReport
 from drainer.drain.watchdog import Watchdog
 from drainer.maintenance import archiver, reaper, vacuum
-from drainer.migrate import check_schema
+from drainer.migrate import check_version, latest_version
 from drainer.registry import Registry, Task, default_registry, load_app
 
 if TYPE_CHECKING:
@@ -85,14 +85,18 @@ def run_once(
             connected_at = time.monotonic()
             try:
                 q = db.Queries(conn, settings.schema_name, settings.table)
-                check_schema(q)
+                # schema check, reap and which queues have due jobs: one round trip
+                version, reaped, due = q.run_start(
+                    queues, latest_version(),
+                    [registry.tasks[name].max_attempts for name in queues])
+                check_version(q, version)
                 logger.debug("drain started", extra={"run_id": report.run_id,
                                                      "queues": queues})
-                report.reaped = reaper.run_once(
-                    q, queues, [registry.tasks[name].max_attempts for name in queues]).reaped
+                report.reaped = reaper.counted(reaped).reaped
                 limits = Limits(stop, deadline, settings.max_jobs)
                 drain = parts["drain"] = _build(settings, registry, conn, q, report, limits,
                                                 hurry, progress)
+                drain.claims.known_due(due)
                 if tracing is not None:
                     # every handler call of the process from now on runs in a job span
                     handler_calls.job_context = otel.JobSpan
@@ -207,7 +211,8 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
                     registry.tasks, batch_size=settings.batch_size,
                     max_jobs=settings.max_jobs, depth=settings.pipeline_depth,
                     combine=not settings.delete_on_complete, lease=lease,
-                    run_in_transaction=runner.run_batch, free_slots=free_slots)
+                    run_in_transaction=runner.run_batch, free_slots=free_slots,
+                    room=handlers.free)
     drain = Drain(report, q, claims, handlers, outcomes, limits,
                   vacuum.BetweenBatches(q, settings.vacuum_every,
                                         _maintenance_timeout(settings, None)),

@@ -15,6 +15,7 @@ time, fits behind the same methods.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,6 +36,16 @@ logger = logging.getLogger("drainer.drain")
 #: Statements are sent ahead (the next batch claimed while this one runs) only while a batch
 #: takes at most this long.
 PIPELINE_MAX_BATCH_S = 0.1
+
+#: The most jobs one claim takes when it grows to the free handler slots: no drainer
+#: claims more than it can start at once, so none hoards jobs from the others.
+MAX_CLAIM = 1024
+
+#: A claim grows with the round trip only when the database is this far away (the fastest
+#: of at least ADAPT_SAMPLES claims took longer, in seconds): locally, even on a loaded
+#: machine, the configured batch size stays.
+ADAPT_MIN_RTT_S = 0.008
+ADAPT_SAMPLES = 5
 
 Batch = list[tuple["Task", db.ClaimedRow]]
 
@@ -60,15 +71,39 @@ class BatchClock:
         self.limit = limit
         self.started: float | None = None  # when the batch in hand was handed over
         self.last: float | None = None  # how long the last batch took to run
+        self.count = 0  # jobs handed over in the batch in hand
+        self.per_job: float | None = None  # the last batch's time a job
+        self.rtt: float | None = None  # the fastest claim's round trip (server time included)
+        self.samples = 0
 
     def start(self, now: float) -> None:
         if self.started is None:
             self.started = now
+        self.count += 1
 
     def finish(self, now: float) -> None:
         if self.started is not None:
             self.last = now - self.started
+            self.per_job = self.last / max(1, self.count)
             self.started = None
+            self.count = 0
+
+    def round_trip(self, seconds: float) -> None:
+        self.rtt = seconds if self.rtt is None else min(self.rtt, seconds)
+        self.samples += 1
+
+    def adapted(self, batch_size: int, most: int) -> int:
+        """A claim size for the measured link: with the database ADAPT_MIN_RTT_S or more
+        away, large enough that a batch runs for two round trips (so the claim sent ahead
+        is back before the batch in hand is done), but at most ``most``, and no larger than
+        runs within half the ``limit`` (so that batches stay fast enough to claim ahead, and a
+        claimed job waits at most that long for its handler)."""
+        if self.rtt is None or self.rtt < ADAPT_MIN_RTT_S or not self.per_job \
+                or self.samples < ADAPT_SAMPLES:
+            return batch_size
+        want = int(2 * self.rtt / self.per_job) + 1
+        # half the limit: a batch sized right at it would be "slow" every other time
+        return max(batch_size, min(most, want, int(self.limit / 2 / self.per_job)))
 
     def fast(self) -> bool:
         """The last batch ran fast enough to claim the next ahead of it."""
@@ -86,6 +121,7 @@ class _Ahead:
     successes: list[Outcome]
     idx: int
     size: int
+    sent: float = 0.0  # time.monotonic() when it went out
 
 
 class Claims:
@@ -96,7 +132,8 @@ class Claims:
                  max_jobs: int | None, depth: int, combine: bool,
                  lease: Callable[[Task], float],
                  run_in_transaction: Callable[[Task, int], int],
-                 free_slots: Callable[[], int] | None = None) -> None:
+                 free_slots: Callable[[], int] | None = None,
+                 room: Callable[[Task], int] | None = None) -> None:
         self.q = statements
         self.pipeline = pipeline
         self.outcomes = outcomes
@@ -112,13 +149,28 @@ class Claims:
         # how many jobs of an in-step claim start at once (charged their attempt); claims
         # sent ahead start none. At least 1, so that a suspect at the head is taken.
         self.free_slots = free_slots or (lambda: batch_size)
+        self.room = room  # free handler slots for a task's jobs (None: batch_size only)
         self.cursor = 0  # index in `queues` of the next claim
+        # with many queues: those believed to have due jobs (None: ask due_queues), so that
+        # a sweep over 300 queues is one statement, not 300 empty claims
+        self.due: set[int] | None = None
+        self.due_fresh = False  # `due` was just read (the run's first statement): trust it
         self.last_full = False  # the last claim filled its batch: claiming ahead may pay
         self.ahead: list[_Ahead] = []
+        self.clock = BatchClock()  # batch times and round trips (the drain loop's clock)
 
     # -- sizes and queues ---------------------------------------------------------------------
-    def size(self) -> int:
-        return claim_size(self.batch_size, self.max_jobs, self.report.claimed,
+    def size(self, idx: int | None = None) -> int:
+        """The next claim's size for queue ``idx`` (default: the cursor's): a batch, or as
+        many as there are free handler slots when that is more (up to MAX_CLAIM), so that
+        200 handlers are not fed 10 jobs a round trip."""
+        task = self._task(self.cursor if idx is None else idx)
+        batch = self.batch_size
+        if not task.transaction:
+            batch = self.clock.adapted(batch, MAX_CLAIM)
+        if self.room is not None and not task.transaction:
+            batch = max(batch, min(MAX_CLAIM, self.room(task)))
+        return claim_size(batch, self.max_jobs, self.report.claimed,
                           sum(a.size for a in self.ahead))
 
     def start_now(self) -> int:
@@ -135,10 +187,16 @@ class Claims:
         self.report.claimed += got
         full = got == size
         self.last_full = full if in_step else self.last_full and full
+        if got < size:
+            self._dry(idx)
         if stay:
             self.cursor = idx
         elif got or in_step:
             self.cursor = next_queue(idx, len(self.queues), size, got)
+            if self.cursor != idx and self.due:  # on to the next queue believed due
+                n = len(self.queues)
+                self.cursor = next((self.cursor + i) % n for i in range(n)
+                                   if (self.cursor + i) % n in self.due)
 
     # -- in step ------------------------------------------------------------------------------
     def claim(self, *, with_successes: bool = False) -> tuple[Batch, bool]:
@@ -168,12 +226,40 @@ class Claims:
         return bool(self.outcomes.ok) and self.combine and \
             not self._task(self.cursor).transaction
 
+    def known_due(self, names: list[str]) -> None:
+        """The queues with due jobs, as read by the run's first statement: the first sweep
+        claims only these (none: the run claims nothing), whatever the number of queues."""
+        self.due = {i for i, name in enumerate(self.queues) if name in set(names)}
+        self.due_fresh = True
+
+    def _ask_due(self) -> set[int]:
+        names = set(self.q.due_queues(self.queues))
+        self.due = {i for i, name in enumerate(self.queues) if name in names}
+        return self.due
+
     def _in_step(self, start: int, tries: int) -> tuple[Batch, bool]:
+        """Claim from the first queue in turn that has due jobs. With many queues, one
+        due_queues statement says which have any; queues found dry since are skipped until
+        every one believed due is dry, then due_queues is asked once more."""
         n = len(self.queues)
-        for i in range(tries):
-            idx = (start + i) % n
+        order = [(start + i) % n for i in range(tries)]
+        if self.due_fresh and self.due is not None:
+            self.due_fresh = False
+            return self._sweep([i for i in order if i in self.due])
+        if n == 1 or tries == 1:
+            return self._sweep(order)
+        fresh = not self.due
+        due = self._ask_due() if fresh or self.due is None else self.due
+        batch, got = self._sweep([i for i in order if i in due])
+        if got or fresh:
+            return batch, got
+        due = self._ask_due()
+        return self._sweep([i for i in order if i in due])
+
+    def _sweep(self, order: list[int]) -> tuple[Batch, bool]:
+        for idx in order:
             task = self._task(idx)
-            size = self.size()
+            size = self.size(idx)
             if size <= 0:  # --max-jobs reached: the drain ends
                 return [], False
             if task.transaction:
@@ -181,23 +267,34 @@ class Claims:
                 if got:
                     self._took(idx, size, got, stay=True)
                     return [], True
+                self._dry(idx)
                 continue
+            sent = time.monotonic()
             rows = self.q.claim_batch(task.queue, size, self.lease(task),
                                       start_now=self.start_now(), run_id=self.report.run_id)
+            self.clock.round_trip(time.monotonic() - sent)
+            if len(rows) < size:
+                self._dry(idx)
             if rows:
                 self._took(idx, size, len(rows))
                 return [(task, r) for r in rows], True
         return [], False
 
+    def _dry(self, idx: int) -> None:
+        if self.due is not None:
+            self.due.discard(idx)
+
     def _combined(self, idx: int) -> tuple[Batch, bool] | None:
         """Successes + claim of queue ``idx`` in one statement; None: nothing claimed there."""
         task = self._task(idx)
-        size = self.size()
+        size = self.size(idx)
         buf = self.outcomes.take_successes()
         try:
+            sent = time.monotonic()
             written, rows = self.q.complete_many_and_claim(
                 [o.job.id for o in buf], [o.job.fence for o in buf], task.queue, size,
                 self.lease(task), start_now=self.start_now(), run_id=self.report.run_id)
+            self.clock.round_trip(time.monotonic() - sent)
         except psycopg.errors.DeadlockDetected as exc:
             # the statement rolled back whole (nothing completed, nothing claimed): write
             # and claim in two statements instead, which cannot take part in a cycle
@@ -230,14 +327,20 @@ class Claims:
         # claimed ahead: none starts at once (an expired lease gives their attempts back)
         self.pipeline.send([o.job.id for o in buf], [o.job.fence for o in buf], task.queue,
                            size, self.lease(task), 0, self.report.run_id)
-        self.ahead.append(_Ahead(buf, self.cursor, size))
+        self.ahead.append(_Ahead(buf, self.cursor, size, time.monotonic()))
 
     def receive(self) -> Batch:
         """Read the oldest statement in flight: count what it wrote, return what it claimed."""
         assert self.pipeline is not None
         sent = self.ahead.pop(0)
         try:
+            waited = time.monotonic()
             result = self.pipeline.receive()
+            now = time.monotonic()
+            # a round trip when the read mostly waited for the server (not when the result
+            # was back already and the time in flight was the batch in hand running)
+            if now - waited >= (now - sent.sent) / 2:
+                self.clock.round_trip(now - sent.sent)
         except psycopg.errors.DeadlockDetected as exc:
             return self._deadlocked(sent, exc)
         return self._received(sent, result)

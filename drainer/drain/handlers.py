@@ -2,14 +2,19 @@
 
 Nothing here touches the database: :class:`Handlers` takes jobs to run and hands back
 their :class:`Outcome`; the drain loop decides what to write. The loop uses only
-``start``, ``wait``, ``in_flight``, ``has_room``/``slots``, ``take_back`` and
-``still_running``, so async handlers on one long-lived event loop can be another class
-with those methods (today each async handler gets its own ``asyncio.run``).
+``start``, ``wait``, ``in_flight``, ``has_room``/``slots``, ``free``, ``take_back`` and
+``still_running``.
+
+Sync handlers run on ``concurrency`` threads; async handlers run as tasks on ONE
+long-lived event loop per drain (:class:`EventLoopThread`), ``concurrency`` of them in
+flight, so that a client made once (an ``httpx.AsyncClient``, an ``asyncio.Lock`` at module
+level) serves every job of the drain.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue as queue_mod
 import threading
 import time
@@ -163,8 +168,10 @@ class Handlers:
         self.may_start = may_start
         self.lock = threading.Lock()
         self.running: dict[int, Running] = {}
+        self.timed: dict[int, Running] = {}  # those of `running` with a timeout
         self.done_q: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
         self.pool: HandlerThreads | None = None
+        self.loop: EventLoopThread | None = None
 
     def in_flight(self) -> int:
         # finish() marks a job done and removes it under the lock, so every job left in
@@ -178,16 +185,29 @@ class Handlers:
         queued jobs that have not started are taken back and released on shutdown.
         """
         if r.timeout_at is not None:
-            return self.concurrency
+            return self.concurrency  # a thread of its own, started at once
         return self.concurrency + (self.batch_size if self.concurrency == 1
                                    else self.concurrency)
 
     def has_room(self, r: Running) -> bool:
         return self.in_flight() < self.slots(r)
 
+    def free(self, task: Task) -> int:
+        """How many more jobs of ``task`` could be handed over now (a claim's size follows
+        it, so that a claim of 10 does not leave 190 of 200 handlers idle)."""
+        queued_ahead = 0 if self.concurrency == 1 else self.concurrency
+        return max(0, self.concurrency + queued_ahead - self.in_flight())
+
     def start(self, r: Running) -> None:
         with self.lock:
             self.running[r.job.id] = r
+            if r.timeout_at is not None:
+                self.timed[r.job.id] = r
+        if r.task.is_async:
+            if self.loop is None:
+                self.loop = EventLoopThread(self.concurrency, self.may_start)
+            self.loop.submit(r, self.timeout(r.task), self.done_q.put)
+            return
         if r.timeout_at is not None:
             threading.Thread(target=self._thread_main, args=(r,), daemon=True,
                              name=f"drainer-job-{r.job.id}").start()
@@ -223,11 +243,13 @@ class Handlers:
             except queue_mod.Empty:
                 outcome = None
         now = time.monotonic()
-        with self.lock:
-            expired = [r for r in self.running.values()
+        with self.lock:  # only the jobs with a timeout: not every job in flight each step
+            expired = [r for r in self.timed.values()
                        if not r.done and r.timeout_at is not None and now >= r.timeout_at]
         for r in expired:
             r.job.cancelled.set()
+            if self.loop is not None:
+                self.loop.cancel(r)
             self._finish(Outcome(r.job, r.task, False,
                                  f"TimeoutError: handler exceeded its timeout of "
                                  f"{self.timeout(r.task)}s (abandoned, told to stop)",
@@ -249,6 +271,7 @@ class Handlers:
                 return  # a late result of an abandoned (timed-out) handler
             r.done = True
             del self.running[outcome.job.id]
+            self.timed.pop(outcome.job.id, None)
         into.append((outcome, r))
 
     def timeout(self, task: Task) -> float | None:
@@ -257,13 +280,14 @@ class Handlers:
     def take_back(self) -> list[Running]:
         """Jobs queued to handler threads that no thread has picked up: no longer ours to
         run (the caller releases them)."""
-        if self.pool is None:
-            return []
-        taken = self.pool.take_back()
+        taken = [] if self.pool is None else self.pool.take_back()
+        if self.loop is not None:
+            taken.extend(self.loop.take_back())
         with self.lock:
             for r in taken:
                 r.done = True
                 self.running.pop(r.job.id, None)
+                self.timed.pop(r.job.id, None)
         return taken
 
     def still_running(self) -> list[Running]:
@@ -273,6 +297,122 @@ class Handlers:
     def shutdown(self) -> None:
         if self.pool is not None:
             self.pool.shutdown()
+        if self.loop is not None:
+            self.loop.shutdown()
+
+
+class EventLoopThread:
+    """One event loop on a daemon thread for the whole drain: async handlers run on it as
+    tasks (``asyncio.wait_for`` for their timeouts), at most ``limit`` at once, their
+    outcomes handed back through ``done``. Jobs handed over beyond the limit wait here
+    (queued ahead, as for the handler threads) and can be taken back on shutdown.
+    Like the handler threads it does not hold up the process's exit: a task still running
+    after the grace period is left to its lease."""
+
+    def __init__(self, limit: int, may_start: Callable[[], bool]) -> None:
+        self.limit = limit
+        self.may_start = may_start
+        self.active = 0
+        self.waiting: deque[tuple[Running, float | None, Callable[[Outcome], None]]] = deque()
+        self.loop = asyncio.new_event_loop()
+        self.tasks: dict[int, asyncio.Future[Any]] = {}  # touched on the loop's thread only
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._main, daemon=True,
+                                       name="drainer-event-loop")
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            with contextlib.suppress(Exception):
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+    def submit(self, r: Running, timeout: float | None,
+               done: Callable[[Outcome], None]) -> None:
+        # jobs handed over together wake the loop once, not once each
+        with self.lock:
+            self.waiting.append((r, timeout, done))
+            wake = len(self.waiting) == 1 and self.active < self.limit
+        if wake:
+            self.loop.call_soon_threadsafe(self._pump)
+
+    def _pump(self) -> None:
+        """Start waiting jobs while fewer than ``limit`` run (on the loop's thread)."""
+        while True:
+            with self.lock:
+                if not self.waiting or self.active >= self.limit or not self.may_start():
+                    return
+                r, timeout, done = self.waiting.popleft()
+                self.active += 1
+            self._start(r, timeout, done)
+
+    def take_back(self) -> list[Running]:
+        with self.lock:
+            taken = [r for r, _, _ in self.waiting]
+            self.waiting.clear()
+        return taken
+
+    def _start(self, r: Running, timeout: float | None,
+               done: Callable[[Outcome], None]) -> None:
+        fut = asyncio.ensure_future(_run_async(r.task, r.job, timeout))
+        self.tasks[r.job.id] = fut
+
+        def finished(f: asyncio.Future[Any]) -> None:
+            self.tasks.pop(r.job.id, None)
+            with self.lock:
+                self.active -= 1
+            if f.cancelled():
+                outcome = Outcome(r.job, r.task, False, "CancelledError: handler cancelled")
+            else:
+                outcome = f.result()
+            done(outcome)
+            self._pump()
+
+        fut.add_done_callback(finished)
+
+    def cancel(self, r: Running) -> None:
+        """Cancel the task of ``r`` (abandoned past its timeout)."""
+        def cancel() -> None:
+            fut = self.tasks.get(r.job.id)
+            if fut is not None:
+                fut.cancel()
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(cancel)
+
+    def shutdown(self) -> None:
+        """Stop the loop once its tasks are done; tasks still running are left to their
+        leases (the thread is a daemon)."""
+        async def drain() -> None:
+            while self.tasks:
+                await asyncio.sleep(0.05)
+            self.loop.stop()
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(drain()))
+
+
+async def _run_async(task: Task, job: Job, timeout: float | None) -> Outcome:
+    """One async handler on the drain's loop, its errors and timeout caught like
+    :func:`call`'s."""
+    started = time.monotonic()
+    try:
+        coro = task.func(job)
+        if timeout is not None:
+            await asyncio.wait_for(coro, timeout)
+        else:
+            await coro
+        outcome = Outcome(job, task, True)
+    except asyncio.TimeoutError:
+        outcome = Outcome(job, task, False, f"TimeoutError: handler exceeded its timeout of "
+                          f"{timeout}s")
+    except asyncio.CancelledError:
+        outcome = Outcome(job, task, False, "CancelledError: handler cancelled")
+    except BaseException as exc:  # a handler may raise anything, SystemExit included
+        outcome = Outcome(job, task, False, format_error(exc))
+    outcome.duration_s = round(time.monotonic() - started, 6)
+    return outcome
 
 
 class HandlerThreads:

@@ -68,7 +68,7 @@ class Drain:
         self.progress = None if progress is None else _Progress(progress, statements, report)
         self.phase = Phase.CLAIMING
         self.pending: deque[Running] = deque()  # claimed, not handed to a handler yet
-        self.clock = BatchClock()
+        self.clock: BatchClock = claims.clock
 
     def leases(self) -> list[Running]:
         """The jobs whose leases are ours to extend: running, or waiting to start."""
@@ -101,7 +101,8 @@ class Drain:
         limit = self._check_limits()
         if limit is None and self.phase is Phase.CLAIMING and not self.pending \
                 and not self.claims.ahead:
-            self._claim()
+            # the successes buffered so far go with the claim (one round trip, not two)
+            self._claim(with_successes=self.claims.can_combine() and not self._vacuum_due())
         if self.limits.must_release():
             # shutdown, or past the deadline: claimed jobs that have not started go back at
             # once (running a whole batch could overrun a platform limit)

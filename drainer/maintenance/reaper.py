@@ -29,7 +29,12 @@ def run_once(queries: Queries, queues: Sequence[str],
     ``max_attempts``: each queue's task's max_attempts (None: the row's), so that a job
     that kills its worker is failed after as many attempts as its task allows.
     """
-    rows = queries.reap_expired(queues, max_attempts)
+    return counted(queries.reap_expired(queues, max_attempts))
+
+
+def counted(rows: Sequence[tuple[int, str, int]]) -> ReapResult:
+    """The result (and the log line) of reaped rows, however they were reaped (the drain
+    reaps in its first statement, ``run_start``)."""
     failed = sum(1 for _id, status, _attempts in rows if status == "failed")
     if rows:
         logger.info("reaped %d expired leases (%d back to queued, %d failed at max_attempts)",

@@ -44,6 +44,20 @@ WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT su
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
           j.locked_until, j.fence, j.trace_context;
 
+-- name: due_queues
+-- Which of the given queues have a due queued job, in the given order: one probe of the
+-- claim index per queue (LATERAL ... LIMIT 1), so an empty or nearly empty run asks once
+-- instead of sending one empty claim per queue.
+SELECT q.queue
+FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
+CROSS JOIN LATERAL (
+  SELECT 1 FROM {jobs} j
+  WHERE j.queue = q.queue AND j.status = 'queued' AND j.run_at <= now()
+  ORDER BY j.priority DESC, j.run_at, j.id  -- the claim index's order: an index scan
+  LIMIT 1
+) AS due
+ORDER BY q.n;
+
 -- name: complete_many
 -- A batch of jobs succeeded: one statement for all of them, each with what its handler
 -- returned (NULL for nothing). Returns the ids written.
@@ -206,6 +220,54 @@ WHERE j.id = ANY (ARRAY(SELECT id FROM {jobs}
                          FOR UPDATE SKIP LOCKED))
   AND j.queue = t.queue
 RETURNING j.id, j.status, j.attempts;
+
+-- name: run_start
+-- The fixed work at the start of a drain in one statement (one round trip): the schema
+-- version, reap_expired (only when the version is the one this drainer needs, so an
+-- outdated table is not touched), and due_queues. Rows: ('version', version, NULL...),
+-- one ('reaped', id, status, attempts, queue) per reaped lease, one ('due', ..., queue)
+-- per queue with due jobs, in the given order. A reaped job put back to queued makes its
+-- queue due (the CTE's snapshot does not see the update).
+WITH v AS (
+  SELECT max(version) AS version FROM {migrations} WHERE table_name = %(table)s
+), reaped AS (
+  -- reap_expired's update, word for word (charging, suspects, the task's max_attempts)
+  UPDATE {jobs} j
+  SET attempts     = j.attempts - (NOT j.charged)::int,
+      status       = CASE WHEN j.attempts - (NOT j.charged)::int
+                               >= coalesce(t.max_attempts, j.max_attempts)
+                          THEN 'failed' ELSE 'queued' END,
+      locked_until = NULL,
+      finished_at  = CASE WHEN j.attempts - (NOT j.charged)::int
+                               >= coalesce(t.max_attempts, j.max_attempts)
+                          THEN now() END,
+      last_error   = coalesce(j.last_error, 'lease expired'),
+      charged      = false,
+      suspect      = true
+  FROM unnest(%(queues)s::text[], %(max_attempts)s::int[]) AS t(queue, max_attempts)
+  WHERE j.id = ANY (ARRAY(SELECT id FROM {jobs}
+                           WHERE status = 'running' AND locked_until < now()
+                             AND queue = ANY (%(queues)s::text[])
+                           FOR UPDATE SKIP LOCKED))
+    AND j.queue = t.queue
+    AND (SELECT version FROM v) = %(latest)s
+  RETURNING j.id, j.status, j.attempts, j.queue
+)
+SELECT 'version' AS kind, version::bigint AS id, NULL::text AS status, NULL::int AS attempts,
+       NULL::text AS queue, 0::bigint AS n
+FROM v
+UNION ALL
+SELECT 'reaped', id, status, attempts, queue, 0 FROM reaped
+UNION ALL
+SELECT 'due', NULL, NULL, NULL, q.queue, q.n
+FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
+WHERE EXISTS (SELECT 1 FROM reaped r WHERE r.queue = q.queue AND r.status = 'queued')
+   OR EXISTS (
+     SELECT 1 FROM (
+       SELECT 1 FROM {jobs} j
+       WHERE j.queue = q.queue AND j.status = 'queued' AND j.run_at <= now()
+       ORDER BY j.priority DESC, j.run_at, j.id
+       LIMIT 1) AS due);
 
 -- name: archive_delete
 -- Delete up to batch_size finished jobs of one status older than the cutoff.

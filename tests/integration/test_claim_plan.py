@@ -107,3 +107,29 @@ def test_claim_is_an_index_scan_per_queue(loaded: Settings, conn: psycopg.Connec
     # (every running row times every completed id, as a generic plan with a literal did)
     used = {n.get("Index Name") for _p, n in _nodes(generic)}
     assert f"{loaded.table}_lease_idx" not in used and f"{loaded.table}_pkey" in used, used
+
+
+def _assert_probe_per_queue(plan: dict[str, Any], index: str, where: str) -> None:
+    nodes = list(_nodes(plan))
+    types = [n["Node Type"] for _p, n in nodes]
+    scans = [(p, n) for p, n in nodes if n.get("Index Name") == index]
+    assert scans, (where, types)
+    for parents, node in scans:
+        # one probe of the claim index per queue, stopped at its first due row
+        assert node["Node Type"] in ("Index Scan", "Index Only Scan"), (where, node)
+        assert parents[-1] == "Limit" and "Nested Loop" in parents, (where, parents)
+    assert not [n for _p, n in nodes if n["Node Type"] == "Seq Scan"
+                and n.get("Relation Name") == "jobs"], (where, types)
+
+
+def test_due_queues_probes_the_claim_index_once_per_queue(
+        loaded: Settings, conn: psycopg.Connection[Any]) -> None:
+    q = Queries(conn, loaded.schema_name, loaded.table)
+    index = f"{loaded.table}_claim_idx"
+    served = [*QUEUES, *(f"empty{i}" for i in range(300))]
+    _assert_probe_per_queue(_explain(conn, q.text("due_queues"), {"queues": served}),
+                            index, "due_queues custom")
+    _assert_probe_per_queue(_explain_generic(conn, q.text("due_queues"), ["queues"],
+                                             ["text[]"], {"queues": served}),
+                            index, "due_queues generic")
+    assert q.due_queues(["nothing", *reversed(QUEUES)]) == list(reversed(QUEUES))

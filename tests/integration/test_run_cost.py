@@ -41,16 +41,21 @@ def _statements(path: Path) -> int:
                if line.startswith("B") and "ReadyForQuery" in line)
 
 
-def test_empty_queue_costs_four_statements_on_one_connection(
-        migrated: Settings, registry: Registry, traced: list[tuple[Any, Path]]) -> None:
-    registry.task("idle")(lambda job: None)
+@pytest.mark.parametrize("queues", [1, 50, 300])
+def test_empty_queue_costs_two_statements_on_one_connection(
+        migrated: Settings, registry: Registry, traced: list[tuple[Any, Path]],
+        queues: int) -> None:
+    for i in range(queues):
+        registry.task(f"idle{i}")(lambda job: None)
     report = run_once(migrated, registry=registry)
     assert report.claimed == 0 and report.remaining_due == 0
     assert len(traced) == 1
     conn, path = traced[0]
     assert conn.closed
-    # schema check, reap, claim, finish_run (archive + table health + queue summary)
-    assert _statements(path) == 4
+    # run_start (schema check + reap + which queues are due: none, so no claim), then
+    # finish_run (archive + table health + queue summary); it was 4 (schema check, reap,
+    # claim, finish_run) with one queue and 3 + one claim per queue with more
+    assert _statements(path) == 2
 
 
 def test_finish_run_archives_old_jobs_in_batches(pg_url: str, migrated: Settings,

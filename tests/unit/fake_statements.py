@@ -159,6 +159,11 @@ class FakeJobs:
             reaped.append(r.id)
         return reaped
 
+    def due_queues(self, queues: Sequence[str]) -> list[str]:
+        self._send("due_queues")
+        due = {r.queue for r in self.rows.values() if r.status == "queued" and r.run_at <= T0}
+        return [q for q in queues if q in due]
+
     def queue_summary(self, queues: Sequence[str]) -> tuple[int, datetime | None]:
         self._send("queue_summary")
         due = [r for r in self.rows.values()

@@ -75,8 +75,9 @@ def test_claims_rotate_queues_and_count_once() -> None:
         sizes.append((batch[0][0].queue, len(batch), claims.cursor))
     assert sizes == [("a", 10, 0), ("a", 5, 1), ("b", 3, 0)]
     assert report.claimed == 18
-    # the last round tried both queues once, then gave up
-    assert jobs.sent == ["claim_batch"] * 3 + ["claim_batch"] * 2
+    # one due_queues says which queues to try; queues found dry are skipped; the last
+    # round is one due_queues that finds nothing (it was one empty claim per queue)
+    assert jobs.sent == ["due_queues"] + ["claim_batch"] * 3 + ["due_queues"]
 
 
 def test_max_jobs_caps_the_claims() -> None:
@@ -288,3 +289,33 @@ def test_outcomes_tell_each_jobs_outcome_once() -> None:
     outcomes.write()
     assert sorted(told) == [(1, "succeeded"), (2, "lost"), (3, "retried"), (4, "failed"),
                             (5, "lost"), (6, "lost")]
+
+
+def test_claim_size_adapts_to_a_far_database_within_bounds() -> None:
+    from drainer.drain.claims import ADAPT_MIN_RTT_S, BatchClock
+
+    clock = BatchClock(limit=0.1)
+    assert clock.adapted(10, 1024) == 10  # nothing measured yet
+    for _ in range(10):
+        clock.start(0.0)
+    clock.finish(0.001)  # 10 jobs in 1 ms: 0.1 ms a job
+    clock.round_trip(ADAPT_MIN_RTT_S / 4)
+    assert clock.adapted(10, 1024) == 10  # a local database: the configured batch
+    clock = BatchClock(limit=0.1)
+    for _ in range(10):
+        clock.start(0.0)
+    clock.finish(0.001)
+    clock.round_trip(0.012)
+    clock.round_trip(0.010)  # the fastest round trip counts
+    assert clock.adapted(10, 1024) == 10  # not before ADAPT_SAMPLES round trips
+    for _ in range(3):
+        clock.round_trip(0.011)
+    assert clock.adapted(10, 1024) == 201  # two round trips of work: 2 x 10 ms / 0.1 ms
+    assert clock.adapted(10, 150) == 150  # never more than the cap
+    assert clock.adapted(500, 1024) == 500  # never less than --batch-size
+    slow = BatchClock(limit=0.1)
+    slow.start(0.0)
+    slow.finish(0.02)  # 20 ms a job: a batch of 2 round trips would be slow to run
+    for _ in range(5):
+        slow.round_trip(0.05)
+    assert slow.adapted(1, 1024) == 2  # at most what runs within half the limit (0.05 s)
