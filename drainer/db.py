@@ -70,6 +70,8 @@ def identifiers(schema: str, table: str) -> dict[str, sql.Composable]:
         "lease_idx": sql.Identifier(f"{table}_lease_idx"),
         "finished_idx": sql.Identifier(f"{table}_finished_idx"),
         "dedup_idx": sql.Identifier(f"{table}_dedup_idx"),
+        "recurring_idx": sql.Identifier(f"{table}_recurring_idx"),
+        "recurring_queued_idx": sql.Identifier(f"{table}_recurring_queued_idx"),
         "article_idx": sql.Identifier(schema, f"{table}_ready_idx"),
         "notify_fn": sql.Identifier(schema, f"{table}_notify"),
         "notify_trigger": sql.Identifier(f"{table}_notify"),

@@ -17,6 +17,8 @@ from drainer.errors import ConfigError
 if TYPE_CHECKING:
     import psycopg
 
+    from drainer.recurring import Definition
+
 
 class CancelEvent(threading.Event):
     """A ``threading.Event`` whose lock and condition are made on first use.
@@ -77,6 +79,19 @@ class Job:
         if self.cancelled.is_set():
             raise JobCancelled(f"job {self.id} was cancelled")
 
+    @property
+    def scheduled_for(self) -> datetime | None:
+        """The fire time a recurring job's occurrence is for (None for other jobs): the
+        payload's ``scheduled_for`` (drainer.recurring.SCHEDULED_FOR_KEY), parsed."""
+        value = self.payload.get("scheduled_for") if isinstance(self.payload, dict) else None
+        if not isinstance(value, str):
+            return None
+        try:
+            when = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return when if when.tzinfo is not None else None
+
 
 Handler = Callable[[Job], Any]
 
@@ -107,6 +122,8 @@ class Registry:
 
     def __init__(self) -> None:
         self.tasks: dict[str, Task] = {}
+        #: Recurring definitions by key (drainer.recurring).
+        self.schedules: dict[str, Definition] = {}
 
     def task(
         self,
@@ -116,8 +133,16 @@ class Registry:
         lease: float | None = None,
         max_attempts: int | None = None,
         transaction: bool = False,
+        cron: str | None = None,
+        timezone: str | None = None,
+        catch_up: str | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Register the decorated function as the handler of ``queue``."""
+        """Register the decorated function as the handler of ``queue``.
+
+        With ``cron`` (and optionally ``timezone``, ``catch_up``), the queue also gets a
+        recurring job keyed by the queue name (see :mod:`drainer.recurring`); a bad cron
+        expression or time zone raises ConfigError here, when the app loads.
+        """
         if not queue or not isinstance(queue, str):
             raise ValueError("a task needs a non-empty queue name")
         for name, value in (("timeout", timeout), ("lease", lease)):
@@ -135,9 +160,36 @@ class Registry:
             if transaction and inspect.iscoroutinefunction(func):
                 raise ValueError(f"task {queue!r}: transaction=True needs a sync handler")
             self.tasks[queue] = Task(queue, func, timeout, lease, max_attempts, transaction)
+            if definition is not None and self.schedules.get(definition.key) != definition:
+                self.add_recurring(definition)
             return func
 
+        definition = None
+        if cron is not None:
+            from drainer.recurring import DEFAULT_CATCH_UP, define
+
+            definition = define(queue, cron, timezone=timezone,
+                                catch_up=catch_up or DEFAULT_CATCH_UP,
+                                max_attempts=max_attempts)
+        elif timezone is not None or catch_up is not None:
+            raise ValueError(f"task {queue!r}: timezone and catch_up need cron=")
+
         return register
+
+    def add_recurring(self, definition: Definition) -> None:
+        """Add a recurring definition; ConfigError if its key is taken."""
+        existing = self.schedules.get(definition.key)
+        if existing is not None:
+            raise ConfigError(
+                f"recurring key {definition.key!r} is used twice ({existing.describe()}; "
+                f"{definition.describe()}): give one of them another key=")
+        self.schedules[definition.key] = definition
+
+    def recurring(self, queue: str, cron: str, **kwargs: Any) -> Definition:
+        """Declare a recurring job in this registry (see :func:`drainer.recurring.recurring`)."""
+        from drainer.recurring import recurring
+
+        return recurring(queue, cron, registry=self, **kwargs)
 
     def get(self, queue: str) -> Task | None:
         return self.tasks.get(queue)
@@ -147,6 +199,7 @@ class Registry:
 
     def clear(self) -> None:
         self.tasks.clear()
+        self.schedules.clear()
 
 
 #: The registry ``@task`` writes to and ``run_once`` reads by default.
