@@ -306,16 +306,21 @@ def sync_params(definitions: Iterable[Definition], queues: Sequence[str], now: d
 
 
 def sync(q: Queries, definitions: Iterable[Definition], queues: Sequence[str],
-         now: datetime | None = None) -> SyncResult:
-    """Run ``recurring_sync`` for the definitions of ``queues`` (one statement)."""
+         now: datetime | None = None) -> tuple[list[tuple[int, str, int]], SyncResult]:
+    """Reap the expired leases of ``queues`` and sync their recurring definitions, in one
+    statement (``reap_expired_and_sync``): the reaped rows (id, status, attempts) and what
+    the sync changed."""
     now = now or datetime.now(_UTC)
-    row = q.conn.execute(q.text("recurring_sync"), sync_params(definitions, queues, now)
-                         ).fetchone()
-    assert row is not None
-    result = SyncResult(*(int(v) for v in row))
+    params = sync_params(definitions, queues, now)
+    rows = q.conn.execute(q.text("reap_expired_and_sync"), params).fetchall()
+    reaped = [(r[1], r[2], r[3]) for r in rows if r[0] == "reaped"]
+    [counts] = [r for r in rows if r[0] == "synced"]
+    result = SyncResult(int(counts[1]), *(int(v) for v in counts[4:]))
     if any(result.as_dict().values()):
-        logger.info("recurring jobs synced", extra=result.as_dict())
-    return result
+        logger.info("recurring jobs synced: %s",
+                    ", ".join(f"{v} {k}" for k, v in result.as_dict().items() if v),
+                    extra=result.as_dict())
+    return reaped, result
 
 
 def next_fire(definitions: Iterable[Definition], queues: Sequence[str], now: datetime

@@ -474,13 +474,18 @@ SELECT pg_stat_force_next_flush();
 -- `drainer audit`: the server's clock, for a sample that saw no row to take it from.
 SELECT clock_timestamp();
 
--- name: recurring_sync
--- The recurring definitions of the queues a run serves, made rows (drainer/recurring.py), in
--- one statement whatever their number. %(definitions)s is a JSON array, one object per
--- definition: its key, queue, hash, catch_up policy, priority and max_attempts, its next fire
--- time after %(now)s (next_at, with the dedup key and payload of that occurrence) and its
--- latest fire time at or before %(now)s (latest_at, likewise). %(missed)s lists, for the
--- `all` policy, the latest fire times at or before %(now)s (at most catch_up_max each).
+-- name: reap_expired_and_sync
+-- The start of every drain, in one statement: reap_expired (the same UPDATE, kept identical
+-- by tests/unit/test_recurring.py), and the sync of the recurring definitions of the queues
+-- it serves (drainer/recurring.py). The two touch different rows: the reap running ones,
+-- the sync queued occurrences that were never claimed.
+--
+-- The sync makes the definitions rows, whatever their number. %(definitions)s is a JSON
+-- array, one object per definition: its key, queue, hash, catch_up policy, priority and
+-- max_attempts, its next fire time after %(now)s (next_at, with the dedup key and payload of
+-- that occurrence) and its latest fire time at or before %(now)s (latest_at, likewise).
+-- %(missed)s lists, for the `all` policy, the latest fire times at or before %(now)s (at
+-- most catch_up_max of each definition).
 -- "Mine" are the occurrences in the served queues that were never claimed: only they are
 -- touched, so another deployment's queues, running jobs and retries are left alone.
 --   gone:       future occurrences of definitions deleted from the code, or no longer at
@@ -494,7 +499,15 @@ SELECT clock_timestamp();
 -- Concurrent syncs never create an occurrence twice: the unique index on (recurring_key,
 -- scheduled_for) covers every status, and the catch-up inserts hang on a DELETE or UPDATE that
 -- only one sync can win (the loser's recheck of the row's newest version fails).
-WITH d AS MATERIALIZED (
+WITH reaped AS (
+  UPDATE {jobs}
+  SET status       = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
+      locked_until = NULL,
+      finished_at  = CASE WHEN attempts >= max_attempts THEN now() END,
+      last_error   = coalesce(last_error, 'lease expired')
+  WHERE status = 'running' AND locked_until < now() AND queue = ANY(%(queues)s)
+  RETURNING id, status, attempts
+), d AS MATERIALIZED (
   SELECT * FROM jsonb_to_recordset(%(definitions)s::jsonb) AS d(
     key text, queue text, hash text, catch_up text, priority int, max_attempts int,
     next_at timestamptz, next_dedup text, next_payload jsonb,
@@ -505,7 +518,7 @@ WITH d AS MATERIALIZED (
 ), mine AS MATERIALIZED (
   SELECT id, recurring_key AS key, scheduled_for FROM {jobs}
   WHERE recurring_key IS NOT NULL AND status = 'queued' AND attempts = 0
-    AND recurring_hash IS NOT NULL AND queue = ANY(%(queues)s::text[])
+    AND recurring_hash IS NOT NULL AND queue = ANY(%(queues)s)
 ), gone AS (
   DELETE FROM {jobs} j
   USING mine LEFT JOIN d ON d.key = mine.key
@@ -555,9 +568,13 @@ WITH d AS MATERIALIZED (
   ON CONFLICT DO NOTHING
   RETURNING id
 )
-SELECT (SELECT count(*) FROM inserted) AS inserted,
-       (SELECT count(*) FROM changed) AS changed,
-       (SELECT count(*) FROM gone WHERE removed) AS removed,
-       (SELECT count(*) FROM gone WHERE NOT removed) AS rescheduled,
-       (SELECT count(*) FROM superseded) AS superseded,
-       (SELECT count(*) FROM caught_up) AS caught_up;
+-- one row per job reaped, then one row of sync counts (kind 'synced'; its id is the count of
+-- occurrences inserted)
+SELECT 'reaped' AS kind, id, status, attempts, NULL::bigint AS changed, NULL::bigint AS removed,
+       NULL::bigint AS rescheduled, NULL::bigint AS superseded, NULL::bigint AS caught_up
+FROM reaped
+UNION ALL
+SELECT 'synced', (SELECT count(*) FROM inserted), NULL, NULL,
+       (SELECT count(*) FROM changed), (SELECT count(*) FROM gone WHERE removed),
+       (SELECT count(*) FROM gone WHERE NOT removed), (SELECT count(*) FROM superseded),
+       (SELECT count(*) FROM caught_up);

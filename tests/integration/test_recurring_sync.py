@@ -11,11 +11,17 @@ import pytest
 from psycopg import sql
 
 from drainer import db
-from drainer.recurring import Definition, define, sync
+from drainer.recurring import Definition, SyncResult, define
+from drainer.recurring import sync as reap_and_sync
 from drainer.settings import Settings
 
 UTC = timezone.utc
 T0 = datetime(2026, 12, 1, 9, 0, 30, tzinfo=UTC)  # a Tuesday
+
+
+def sync(q: db.Queries, definitions: list[Definition], queues: list[str], now: datetime
+         ) -> SyncResult:
+    return reap_and_sync(q, definitions, queues, now)[1]
 
 
 def _q(pg_url: str, settings: Settings) -> db.Queries:
@@ -204,3 +210,31 @@ def test_eight_concurrent_syncs_create_each_occurrence_once(
         # latest: one run for the window + the next; skip: the next; all: the first missed
         # one, the five after it, the next
         assert per_policy[d.key] == {"latest": 2, "skip": 1, "all": 7}[d.catch_up], d.key
+
+
+def test_the_start_of_a_drain_reaps_and_syncs_in_one_statement(
+        q: db.Queries, conn: psycopg.Connection[Any], migrated: Settings) -> None:
+    table = sql.Identifier(migrated.schema_name, "jobs")
+    conn.execute(sql.SQL("INSERT INTO {} (queue, status, attempts, locked_until) VALUES "
+                         "('a', 'running', 1, now() - interval '1 minute'), "
+                         "('other', 'running', 1, now() - interval '1 minute')").format(table))
+    reaped, result = reap_and_sync(q, [define("a", "@hourly")], ["a"], T0)
+    assert [(status, attempts) for _id, status, attempts in reaped] == [("queued", 1)]
+    assert result.inserted == 1
+
+
+def test_the_sync_reads_only_the_occurrences_index(
+        q: db.Queries, conn: psycopg.Connection[Any], migrated: Settings) -> None:
+    """Next to 20,000 ordinary queued jobs the sync reads the few queued occurrences."""
+    table = sql.Identifier(migrated.schema_name, "jobs")
+    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'a' FROM generate_series(1, 20000)")
+                 .format(table))
+    sync(q, [define("a", "@hourly")], ["a"], now=T0)
+    conn.execute(sql.SQL("ANALYZE {}").format(table))
+    from drainer.recurring import sync_params
+
+    plan = "\n".join(r[0] for r in q.conn.execute(
+        "EXPLAIN " + q.text("reap_expired_and_sync"),
+        sync_params([define("a", "@hourly")], ["a"], T0)).fetchall())
+    assert "jobs_recurring_queued_idx" in plan, plan
+    assert "Seq Scan on jobs" not in plan, plan

@@ -229,3 +229,14 @@ def test_the_clock_is_injected_not_read() -> None:
         assert datetime.fromisoformat(row["latest_at"]) <= now
         assert datetime.fromisoformat(row["next_at"]) - datetime.fromisoformat(
             row["latest_at"]) <= timedelta(days=366)
+
+
+def test_the_start_of_a_drain_reaps_exactly_like_reap_expired() -> None:
+    """queries.sql cannot include one block in another: keep the two reaps identical."""
+    from drainer.db import QUERIES
+
+    def reap(text: str) -> str:
+        start = text.index("UPDATE {jobs}")
+        return " ".join(text[start:text.index("RETURNING id, status, attempts")].split())
+
+    assert reap(QUERIES["reap_expired_and_sync"]) == reap(QUERIES["reap_expired"])
