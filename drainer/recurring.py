@@ -44,7 +44,7 @@ import json
 import logging
 import sys
 import types
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
@@ -330,15 +330,40 @@ def next_fire(definitions: Iterable[Definition], queues: Sequence[str], now: dat
     return min(times, default=None)
 
 
-def iter_occurrences(definition: Definition, start: datetime, end: datetime
-                     ) -> Iterator[datetime]:
-    """The fire times in ``(start, end)`` (UTC), for wake estimates and dry runs."""
+def occurrence_times(definitions: Iterable[Definition], queues: Sequence[str],
+                     start: datetime, end: datetime, limit: int = 20_000) -> list[float]:
+    """The fire times (epoch seconds) in ``(start, end)`` of the definitions of ``queues``,
+    sorted, at most ``limit`` of them (for wake estimates and dry runs)."""
     from drainer.cron import iter_fire_times
 
-    for t in iter_fire_times(definition.spec, definition.tz, start):
-        if t >= end:
-            return
-        yield t.astimezone(_UTC)
+    out: list[float] = []
+    stop = end.timestamp()
+    for d in served(definitions, queues):
+        for t in iter_fire_times(d.spec, d.tz, start):
+            ts = t.timestamp()
+            if ts >= stop or len(out) >= limit:
+                break
+            out.append(ts)
+    return sorted(set(out))[:limit]
+
+
+def known_work_wakes(fires: Sequence[float], max_sleep_s: float, start: float, end: float
+                     ) -> list[float]:
+    """When ``schedule --wake-policy known-work`` wakes with no other work than the
+    occurrences at ``fires``: at each one, and by the safety net (``--max-sleep`` after the
+    last run) wherever they are further apart. The first wake is at ``start``."""
+    wakes: list[float] = []
+    last = start
+    wakes.append(start)
+    for f in [*sorted(f for f in fires if start < f < end), end]:
+        while f - last > max_sleep_s:
+            last += max_sleep_s
+            if last < end:
+                wakes.append(last)
+        if f < end:
+            wakes.append(f)
+            last = f
+    return wakes
 
 
 class _CallableModule(types.ModuleType):

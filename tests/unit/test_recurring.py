@@ -16,7 +16,9 @@ from drainer.recurring import (
     SCHEDULED_FOR_KEY,
     define,
     fire_times_before,
+    known_work_wakes,
     next_fire,
+    occurrence_times,
     sync_params,
 )
 from drainer.registry import Job, Registry
@@ -240,3 +242,21 @@ def test_the_start_of_a_drain_reaps_exactly_like_reap_expired() -> None:
         return " ".join(text[start:text.index("RETURNING id, status, attempts")].split())
 
     assert reap(QUERIES["reap_expired_and_sync"]) == reap(QUERIES["reap_expired"])
+
+
+def test_occurrence_times_of_the_served_definitions() -> None:
+    defs = [define("a", "*/20 * * * *"), define("b", "0 * * * *"), define("c", "* * * * *")]
+    start, end = utc(2026, 12, 1, 9, 0), utc(2026, 12, 1, 10, 0, 1)
+    times = occurrence_times(defs, ["a", "b"], start, end)
+    assert times == [utc(2026, 12, 1, 9, m).timestamp() for m in (20, 40)] + [
+        utc(2026, 12, 1, 10).timestamp()]  # 10:00 once though two definitions fire
+    assert len(occurrence_times(defs, ["c"], start, end, limit=7)) == 7
+
+
+def test_known_work_wakes_for_occurrences_and_the_safety_net_only() -> None:
+    # occurrences every 60 s, --max-sleep 600: the safety net never fires
+    assert known_work_wakes([60, 120, 180], 600, 0, 200) == [0, 60, 120, 180]
+    # a nightly occurrence, --max-sleep 6 h: the safety net fills the gaps
+    day = 86400.0
+    wakes = known_work_wakes([3 * 3600.0], 6 * 3600, 0, day)
+    assert wakes == [0, 3 * 3600, 9 * 3600, 15 * 3600, 21 * 3600]
