@@ -31,3 +31,23 @@ def on_stop_signals(handler: Callable[[str], None]) -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+@contextmanager
+def stop_on_signals(stop: threading.Event, first: Callable[[str], None],
+                    again: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Inside the block, SIGTERM/SIGINT call ``first(name)`` and set ``stop``.
+
+    A signal that comes when ``stop`` is already set calls ``again(name)`` instead (a
+    second Ctrl-C that cuts a grace period short), or ``first`` again when none is given.
+    """
+
+    def handler(name: str) -> None:
+        if stop.is_set() and again is not None:
+            again(name)
+            return
+        first(name)
+        stop.set()
+
+    with on_stop_signals(handler):
+        yield

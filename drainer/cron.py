@@ -270,7 +270,6 @@ def _resolve(wall: datetime, tz: tzinfo, wildcard: bool) -> list[datetime]:
     lo, hi = a, b
     while hi - lo > _TICK:
         mid = lo + (hi - lo) / 2
-        mid = mid.replace(microsecond=mid.microsecond)
         if mid.astimezone(tz).utcoffset() == after:
             hi = mid
         else:

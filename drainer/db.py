@@ -124,6 +124,16 @@ def connect(settings: AnySettings, *, purpose: str = "work") -> psycopg.Connecti
             message = _one_line(exc)
             if _MALFORMED.search(message):
                 raise ConfigError(f"invalid database URL: {message}") from None
+            if settings.session_options and "unsupported startup parameter" in message.lower():
+                # a pooler (PgBouncer < 1.20: any 'options'; >= 1.20: a setting it does
+                # not track) refuses the timeouts drainer sends: retrying will not help
+                raise ConfigError(
+                    f"cannot connect: {message}; the server or pooler rejects the 'options' "
+                    "startup parameter: set DRAINER_SESSION_OPTIONS=false "
+                    "(--no-session-options) and set the timeouts on the role instead "
+                    "(ALTER ROLE ... SET statement_timeout = '60s', lock_timeout, "
+                    "idle_in_transaction_session_timeout)"
+                ) from None
             if any(p in message.lower() for p in _PERMANENT):
                 raise DatabaseUnavailable(f"cannot connect: {message}") from None
             if attempt < attempts:

@@ -28,7 +28,7 @@ from drainer.registry import Job, Registry, Task, default_registry, load_app
 if TYPE_CHECKING:
     import psycopg
 
-    from drainer.settings import AnySettings as Settings
+    from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -1,28 +1,25 @@
 """Operator commands: ``jobs``, ``show``, ``retry``, ``cancel`` and ``purge``.
 
-Each is a function that takes the settings and returns a small dict of counts (callable
-from Python), and a ``*_command`` wrapper for the CLI that prints it: one JSON object on
-stdout when stdout is no terminal or with ``--json``, readable text on a terminal.
-Each command opens one connection, runs a few statements of ``sql/queries.sql``, and
+Each is a function that takes the settings and returns a small dict of counts or rows
+(the CLI, drainer/cli/jobs.py, prints it as JSON or through the ``render_*`` functions
+here). Each opens one connection, runs a few statements of ``sql/queries.sql``, and
 touches only the jobs it names.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from drainer._text import iso, text_table
 from drainer.errors import ConfigError, DrainerError
 
 if TYPE_CHECKING:
     from drainer.db import Queries
-    from drainer.settings import AnySettings
+    from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +40,7 @@ class JobNotFound(DrainerError):
 
 
 @contextmanager
-def _queries(settings: AnySettings) -> Iterator[Queries]:
+def _queries(settings: Settings) -> Iterator[Queries]:
     """One connection, schema checked, closed on exit."""
     from drainer.db import Queries, connect
     from drainer.migrate import check_schema
@@ -54,12 +51,8 @@ def _queries(settings: AnySettings) -> Iterator[Queries]:
         yield q
 
 
-def _iso(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, datetime) else value
-
-
 def _row(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: _iso(v) for k, v in d.items()}
+    return {k: iso(v) for k, v in d.items()}
 
 
 def _ids(ids: Sequence[int]) -> list[int]:
@@ -69,7 +62,7 @@ def _ids(ids: Sequence[int]) -> list[int]:
 # -- jobs and show --------------------------------------------------------------------------------
 
 
-def list_jobs(settings: AnySettings, *, queue: str | None = None, status: str | None = None,
+def list_jobs(settings: Settings, *, queue: str | None = None, status: str | None = None,
               limit: int = DEFAULT_LIST_LIMIT) -> list[dict[str, Any]]:
     """The newest ``limit`` jobs, of one queue and/or status when given."""
     if status is not None and status not in STATUSES:
@@ -81,7 +74,7 @@ def list_jobs(settings: AnySettings, *, queue: str | None = None, status: str | 
     return [_row(r) for r in rows]
 
 
-def get_job(settings: AnySettings, job_id: int) -> dict[str, Any]:
+def get_job(settings: Settings, job_id: int) -> dict[str, Any]:
     """One job with every column and its full last_error; JobNotFound when absent."""
     with _queries(settings) as q:
         rows = q.fetch_dicts("job_get", {"id": job_id})
@@ -93,7 +86,7 @@ def get_job(settings: AnySettings, job_id: int) -> dict[str, Any]:
 # -- retry ----------------------------------------------------------------------------------------
 
 
-def retry_jobs(settings: AnySettings, *, ids: Sequence[int] | None = None,
+def retry_jobs(settings: Settings, *, ids: Sequence[int] | None = None,
                queue: str | None = None, all_failed: bool = False,
                dry_run: bool = False) -> dict[str, Any]:
     """Failed jobs back to queued, attempts reset to 0, due now.
@@ -181,7 +174,7 @@ def _explain(q: Queries, ids: list[int] | None, plan: list[dict[str, Any]]
 # -- cancel ---------------------------------------------------------------------------------------
 
 
-def cancel_jobs(settings: AnySettings, ids: Sequence[int], *, dry_run: bool = False
+def cancel_jobs(settings: Settings, ids: Sequence[int], *, dry_run: bool = False
                 ) -> dict[str, Any]:
     """Queued and running jobs -> failed with last_error 'cancelled'.
 
@@ -227,7 +220,7 @@ def cancel_jobs(settings: AnySettings, ids: Sequence[int], *, dry_run: bool = Fa
 # -- purge ----------------------------------------------------------------------------------------
 
 
-def purge_jobs(settings: AnySettings, *, status: str, older_than: float,
+def purge_jobs(settings: Settings, *, status: str, older_than: float,
                dry_run: bool = False) -> dict[str, Any]:
     """Delete ``status`` jobs (done or failed) finished more than ``older_than`` seconds ago,
     in batches of ``archive_batch_size`` rows a statement."""
@@ -258,23 +251,7 @@ def purge_jobs(settings: AnySettings, *, status: str, older_than: float,
             "purged": deleted, "statements": statements}
 
 
-# -- CLI ------------------------------------------------------------------------------------------
-
-
-def _emit(args: argparse.Namespace, obj: Any, text: Callable[[Any], str]) -> None:
-    from drainer.status import wants_json
-
-    if wants_json(args):
-        sys.stdout.write(json.dumps(obj, default=str) + "\n")
-    else:
-        sys.stdout.write(text(obj) + "\n")
-    sys.stdout.flush()
-
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in rows]
+# -- text -----------------------------------------------------------------------------------------
 
 
 def render_jobs(rows: list[dict[str, Any]]) -> str:
@@ -287,7 +264,7 @@ def render_jobs(rows: list[dict[str, Any]]) -> str:
                       f"{r['attempts']}/{r['max_attempts']}", _short_time(r["run_at"]),
                       _short_time(r["locked_until"]), _short_time(r["finished_at"]),
                       (r["error"] or "")[:60]))
-    return "\n".join(_table(table))
+    return "\n".join(text_table(table))
 
 
 def _short_time(value: str | None) -> str:
@@ -318,40 +295,3 @@ def render_counts(report: dict[str, Any]) -> str:
         if isinstance(v, list) and v:
             lines.append(f"  {k.replace('_', ' ')}: {', '.join(map(str, v))}")
     return "\n".join(lines)
-
-
-def jobs_command(args: argparse.Namespace, settings: AnySettings) -> int:
-    rows = list_jobs(settings, queue=args.job_queue, status=args.status, limit=args.limit)
-    _emit(args, rows, render_jobs)
-    return 0
-
-
-def show_command(args: argparse.Namespace, settings: AnySettings) -> int:
-    _emit(args, get_job(settings, args.id), render_job)
-    return 0
-
-
-def retry_command(args: argparse.Namespace, settings: AnySettings) -> int:
-    report = retry_jobs(settings, ids=args.ids, queue=args.job_queue,
-                        all_failed=args.all_failed, dry_run=args.dry_run)
-    _emit(args, report, render_counts)
-    return 0
-
-
-def cancel_command(args: argparse.Namespace, settings: AnySettings) -> int:
-    report = cancel_jobs(settings, args.ids, dry_run=args.dry_run)
-    _emit(args, report, render_counts)
-    return 0
-
-
-def purge_command(args: argparse.Namespace, settings: AnySettings) -> int:
-    from drainer._settings_core import parse_duration
-
-    try:
-        older_than = float(parse_duration(args.older_than))
-    except ValueError as exc:
-        raise ConfigError(f"--older-than: {exc}") from None
-    report = purge_jobs(settings, status=args.status, older_than=older_than,
-                        dry_run=args.dry_run)
-    _emit(args, report, render_counts)
-    return 0

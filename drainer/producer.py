@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
 from json.encoder import encode_basestring_ascii
-from typing import Any
+from typing import Any, overload
 
 import psycopg
 from psycopg import sql
@@ -69,8 +69,60 @@ def _check(queue: str, max_attempts: int) -> None:
         raise ValueError("max_attempts must be at least 1")
 
 
+def _params(queue: str, payload: Any, run_at: datetime | None, priority: int,
+            max_attempts: int, dedup_key: str | None) -> dict[str, Any]:
+    """The checked parameters of the ``enqueue`` statement (one job)."""
+    _check(queue, max_attempts)
+    return {"queue": queue, "payload": Jsonb(payload), "run_at": run_at, "priority": priority,
+            "max_attempts": max_attempts, "dedup_key": dedup_key}
+
+
+@overload
 def enqueue(
-    conn: psycopg.Connection[Any],
+    conn: psycopg.Connection[Any], queue: str, payload: Any, *, run_at: datetime | None = ...,
+    priority: int = ..., max_attempts: int = ..., dedup_key: str | None = ...,
+    schema: str = ..., table: str = ...,
+) -> int | None: ...
+
+
+@overload
+def enqueue(
+    conn: psycopg.AsyncConnection[Any], queue: str, payload: Any, *,
+    run_at: datetime | None = ..., priority: int = ..., max_attempts: int = ...,
+    dedup_key: str | None = ..., schema: str = ..., table: str = ...,
+) -> Coroutine[Any, Any, int | None]: ...
+
+
+def enqueue(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    queue: str,
+    payload: Any,
+    *,
+    run_at: datetime | None = None,
+    priority: int = 0,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    dedup_key: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+    table: str = DEFAULT_TABLE,
+) -> int | Coroutine[Any, Any, int | None] | None:
+    """Insert one job and return its id, or None when ``dedup_key`` is already queued/running.
+
+    Runs on ``conn`` as it is: inside the caller's open transaction the job commits or
+    rolls back with the caller's data (the point of a table queue). With a
+    ``psycopg.AsyncConnection`` it returns the awaitable of :func:`enqueue_async`, as
+    psycopg's own methods do: ``await enqueue(aconn, ...)``.
+    """
+    if isinstance(conn, psycopg.AsyncConnection):
+        return enqueue_async(conn, queue, payload, run_at=run_at, priority=priority,
+                             max_attempts=max_attempts, dedup_key=dedup_key, schema=schema,
+                             table=table)
+    row = conn.execute(_q("enqueue", schema, table), _params(
+        queue, payload, run_at, priority, max_attempts, dedup_key)).fetchone()
+    return None if row is None else int(row[0])
+
+
+async def enqueue_async(
+    conn: psycopg.AsyncConnection[Any],
     queue: str,
     payload: Any,
     *,
@@ -81,16 +133,10 @@ def enqueue(
     schema: str = DEFAULT_SCHEMA,
     table: str = DEFAULT_TABLE,
 ) -> int | None:
-    """Insert one job and return its id, or None when ``dedup_key`` is already queued/running.
-
-    Runs on ``conn`` as it is: inside the caller's open transaction the job commits or
-    rolls back with the caller's data (the point of a table queue).
-    """
-    _check(queue, max_attempts)
-    row = conn.execute(_q("enqueue", schema, table), {
-        "queue": queue, "payload": Jsonb(payload), "run_at": run_at, "priority": priority,
-        "max_attempts": max_attempts, "dedup_key": dedup_key,
-    }).fetchone()
+    """:func:`enqueue` on a ``psycopg.AsyncConnection``: the same statement, awaited."""
+    cur = await conn.execute(_q("enqueue", schema, table), _params(
+        queue, payload, run_at, priority, max_attempts, dedup_key))
+    row = await cur.fetchone()
     return None if row is None else int(row[0])
 
 
@@ -100,77 +146,171 @@ def _spec(job: JobSpec | Mapping[str, Any]) -> JobSpec:
     return JobSpec(**job)
 
 
-def _atomic(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:
+def _atomic(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Any:
     """A transaction on an autocommit connection; else the caller's, as it is.
 
     (``conn.transaction()`` on an idle non-autocommit connection would start a
     transaction and commit it: the jobs would no longer roll back with the caller.)
+    ``nullcontext`` is also an async context manager: the async path uses this too.
     """
     return conn.transaction() if conn.autocommit else nullcontext()
 
 
-def enqueue_many(
-    conn: psycopg.Connection[Any],
-    jobs: Iterable[JobSpec | Mapping[str, Any]],
-    *,
-    schema: str = DEFAULT_SCHEMA,
-    table: str = DEFAULT_TABLE,
-) -> EnqueueResult:
-    """Insert many jobs through COPY, in the caller's transaction.
+_ROW_TYPES = ["text", "jsonb", "timestamptz", "int4", "int4", "text"]
+_STAGE_TYPES = ["int8", *_ROW_TYPES]
 
-    Jobs without a dedup_key go straight into the table; when any job has one, the
-    batch is staged in a temporary table (dropped at commit) and inserted with
-    ON CONFLICT DO NOTHING, so duplicates are skipped and counted.
+
+@dataclass(slots=True)
+class _Bulk:
+    """What ``enqueue_many`` will write, checked before anything is sent.
+
+    ``path``: "now" (COPY of jobs due now, run_at by default), "copy" (COPY of every
+    column), "stage" (COPY into a staging table, then INSERT ... ON CONFLICT).
     """
+
+    specs: list[JobSpec]
+    path: str
+    needs_now: bool = False
+
+    def rows(self, now: datetime | None = None) -> list[tuple[Any, ...]]:
+        """The six-column rows of the "copy" and "stage" paths (run_at filled with ``now``)."""
+        return [(s.queue, Jsonb(s.payload), s.run_at if s.run_at is not None else now,
+                 s.priority, s.max_attempts, s.dedup_key) for s in self.specs]
+
+
+def _bulk(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> _Bulk | None:
+    """Check the batch (the first bad job fails it) and pick its path; None when empty."""
     specs = [j if type(j) is JobSpec else _spec(j) for j in jobs]
-    # One pass before anything is written: the first bad job fails the batch, and the
-    # pass notes which COPY the batch needs.
     timed = keyed = False
+    untimed = False
     for s in specs:
         if not s.queue or s.max_attempts < 1:
             _check(s.queue, s.max_attempts)  # raises the ValueError that names the problem
         if s.run_at is not None:
             timed = True
+        else:
+            untimed = True
         if s.dedup_key is not None:
             keyed = True
     if not specs:
-        return EnqueueResult(0, 0)
+        return None
     if not timed and not keyed:
         # The common bulk case: run_at is left out of the COPY, so the column default
         # (now(), the transaction's start, as SELECT now() would give) fills it, and
         # dedup_key stays NULL: four columns a row instead of six, no extra round trip.
-        cur = conn.cursor()
+        return _Bulk(specs, "now")
+    if not keyed:
+        # COPY does not apply column defaults to NULLs: run_at is filled with now().
+        return _Bulk(specs, "copy", needs_now=untimed)
+    return _Bulk(specs, "stage")
+
+
+@overload
+def enqueue_many(
+    conn: psycopg.Connection[Any], jobs: Iterable[JobSpec | Mapping[str, Any]], *,
+    schema: str = ..., table: str = ...,
+) -> EnqueueResult: ...
+
+
+@overload
+def enqueue_many(
+    conn: psycopg.AsyncConnection[Any], jobs: Iterable[JobSpec | Mapping[str, Any]], *,
+    schema: str = ..., table: str = ...,
+) -> Coroutine[Any, Any, EnqueueResult]: ...
+
+
+def enqueue_many(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    jobs: Iterable[JobSpec | Mapping[str, Any]],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    table: str = DEFAULT_TABLE,
+) -> EnqueueResult | Coroutine[Any, Any, EnqueueResult]:
+    """Insert many jobs through COPY, in the caller's transaction.
+
+    Jobs without a dedup_key go straight into the table; when any job has one, the
+    batch is staged in a temporary table (dropped at commit) and inserted with
+    ON CONFLICT DO NOTHING, so duplicates are skipped and counted. With a
+    ``psycopg.AsyncConnection`` it returns the awaitable of :func:`enqueue_many_async`.
+    """
+    if isinstance(conn, psycopg.AsyncConnection):
+        return enqueue_many_async(conn, jobs, schema=schema, table=table)
+    bulk = _bulk(jobs)
+    if bulk is None:
+        return EnqueueResult(0, 0)
+    specs = bulk.specs
+    cur = conn.cursor()
+    if bulk.path == "now":
         text = _stock_text_copy(cur)
         with _atomic(conn), cur.copy(_q("enqueue_copy_now", schema, table)) as copy:
             _write_now(copy, specs, text=text)
         return EnqueueResult(len(specs), 0)
-    rows = [
-        (s.queue, Jsonb(s.payload), s.run_at, s.priority, s.max_attempts, s.dedup_key)
-        for s in specs
-    ]
-    types = ["text", "jsonb", "timestamptz", "int4", "int4", "text"]
     with _atomic(conn):
-        cur = conn.cursor()
-        if not keyed:
-            if any(s.run_at is None for s in specs):
-                # COPY does not apply column defaults to NULLs: fill run_at with now().
-                now = cur.execute("SELECT now()").fetchone()
-                assert now is not None
-                rows = [r if r[2] is not None else (r[0], r[1], now[0], *r[3:]) for r in rows]
+        if bulk.path == "copy":
+            now = cur.execute(QUERIES["enqueue_now"]).fetchone() if bulk.needs_now else None
             with cur.copy(_q("enqueue_copy", schema, table)) as copy:
-                copy.set_types(types)
-                for r in rows:
+                copy.set_types(_ROW_TYPES)
+                for r in bulk.rows(now[0] if now else None):
                     copy.write_row(r)
-            return EnqueueResult(len(rows), 0)
+            return EnqueueResult(len(specs), 0)
         cur.execute(QUERIES["enqueue_stage"])
         with cur.copy(QUERIES["enqueue_stage_copy"]) as copy:
-            copy.set_types(["int8", *types])
-            for i, r in enumerate(rows):
+            copy.set_types(_STAGE_TYPES)
+            for i, r in enumerate(bulk.rows()):
                 copy.write_row((i, *r))
         cur.execute(_q("enqueue_stage_insert", schema, table))
         inserted = cur.rowcount
-        cur.execute("DROP TABLE drainer_enqueue_stage")
-    return EnqueueResult(inserted, len(rows) - inserted)
+        cur.execute(QUERIES["enqueue_stage_drop"])
+    return EnqueueResult(inserted, len(specs) - inserted)
+
+
+async def enqueue_many_async(
+    conn: psycopg.AsyncConnection[Any],
+    jobs: Iterable[JobSpec | Mapping[str, Any]],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    table: str = DEFAULT_TABLE,
+) -> EnqueueResult:
+    """:func:`enqueue_many` on a ``psycopg.AsyncConnection``: the same statements and COPY
+    text, awaited."""
+    bulk = _bulk(jobs)
+    if bulk is None:
+        return EnqueueResult(0, 0)
+    specs = bulk.specs
+    cur = conn.cursor()
+    if bulk.path == "now":
+        text = _stock_text_copy(cur)
+        async with _atomic(conn), cur.copy(_q("enqueue_copy_now", schema, table)) as copy:
+            copy.set_types(_NOW_TYPES)
+            done = 0
+            if text:
+                chunks = _NowText(specs)
+                for chunk in chunks:
+                    await copy.write(chunk)
+                done = chunks.written
+            for s in islice(specs, done, None):
+                await copy.write_row(_now_row(s))
+        return EnqueueResult(len(specs), 0)
+    async with _atomic(conn):
+        if bulk.path == "copy":
+            now = None
+            if bulk.needs_now:
+                await cur.execute(QUERIES["enqueue_now"])
+                now = await cur.fetchone()
+            async with cur.copy(_q("enqueue_copy", schema, table)) as copy:
+                copy.set_types(_ROW_TYPES)
+                for r in bulk.rows(now[0] if now else None):
+                    await copy.write_row(r)
+            return EnqueueResult(len(specs), 0)
+        await cur.execute(QUERIES["enqueue_stage"])
+        async with cur.copy(QUERIES["enqueue_stage_copy"]) as copy:
+            copy.set_types(_STAGE_TYPES)
+            for i, r in enumerate(bulk.rows()):
+                await copy.write_row((i, *r))
+        await cur.execute(_q("enqueue_stage_insert", schema, table))
+        inserted = cur.rowcount
+        await cur.execute(QUERIES["enqueue_stage_drop"])
+    return EnqueueResult(inserted, len(specs) - inserted)
 
 
 # -- the COPY text of jobs due now, written without psycopg's per-row formatting -------------
@@ -188,7 +328,7 @@ _CHUNK_ROWS = 256
 _PSYCOPG_MODULES = ("psycopg.", "psycopg_c.", "psycopg_binary.")
 
 
-def _stock_text_copy(cur: psycopg.Cursor[Any]) -> bool:
+def _stock_text_copy(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
     """Whether psycopg would write the rows as _write_now_text does.
 
     True with psycopg's own dumpers for text and int4, ``json.dumps`` for jsonb (not a
@@ -227,19 +367,78 @@ def _json_encoder() -> Callable[[Any], str]:
     return lambda obj: "".join(encode(obj, 0))
 
 
-def _write_now(copy: psycopg.Copy, specs: Sequence[JobSpec], *, text: bool) -> None:
-    """COPY rows of (queue, payload, priority, max_attempts).
+def _now_row(s: JobSpec) -> tuple[Any, ...]:
+    """One (queue, payload, priority, max_attempts) row for ``write_row``."""
+    return (s.queue, Jsonb(s.payload), s.priority, s.max_attempts)
 
-    With ``text``, as COPY text joined in chunks: the bytes ``write_row`` would send, for
-    less than half its CPU time on small payloads (one JSON encoder for the batch, no
-    per-field dumper calls). Up to the first row that needs psycopg's own formatting;
-    ``write_row`` takes that row and the rest.
+
+def _write_now(copy: psycopg.Copy, specs: Sequence[JobSpec], *, text: bool) -> None:
+    """COPY rows of (queue, payload, priority, max_attempts): the text of :class:`_NowText`
+    up to the first row that needs psycopg's own formatting; ``write_row`` takes that row
+    and the rest. (The async twin is inline in :func:`enqueue_many_async`.)
     """
     copy.set_types(_NOW_TYPES)
     done = _write_now_text(copy, specs) if text else 0
     write = copy.write_row
     for s in islice(specs, done, None):
-        write((s.queue, Jsonb(s.payload), s.priority, s.max_attempts))
+        write(_now_row(s))
+
+
+def _write_now_text(copy: psycopg.Copy, specs: Sequence[JobSpec]) -> int:
+    """Write the chunks of :class:`_NowText`; returns how many rows they held."""
+    chunks = _NowText(specs)
+    write = copy.write
+    for chunk in chunks:
+        write(chunk)
+    return chunks.written
+
+
+class _NowText:
+    """The COPY text of (queue, payload, priority, max_attempts) rows, in chunks.
+
+    Iterating yields the bytes ``write_row`` would send for the same rows, joined in
+    chunks of ``_CHUNK_ROWS``, for less than half its CPU time on small payloads (one
+    JSON encoder for the batch, no per-field dumper calls). It stops at the first row it
+    cannot format exactly so (a queue that is not a str, a priority or max_attempts that
+    is not an int, ...); ``written`` then says how many rows were yielded, for
+    ``write_row`` to take that row and the rest, with psycopg's own checks and errors.
+    The sync and the async ``enqueue_many`` write the same chunks.
+    """
+
+    __slots__ = ("specs", "written")
+
+    def __init__(self, specs: Sequence[JobSpec]) -> None:
+        self.specs = specs
+        self.written = 0
+
+    def __iter__(self) -> Iterator[str]:
+        dumps = _json_encoder()
+        fields: dict[str, str | None] = {}  # queue -> _queue_field(queue)
+        rows = iter(self.specs)
+        while True:
+            lines: list[str] = []
+            append = lines.append
+            for s in islice(rows, _CHUNK_ROWS):
+                queue, priority, max_attempts = s.queue, s.priority, s.max_attempts
+                field = None
+                if type(queue) is str:
+                    field = fields.get(queue)
+                    if field is None:
+                        field = fields[queue] = _queue_field(queue)
+                if (field is None or type(priority) is not int
+                        or type(max_attempts) is not int):
+                    if lines:
+                        self.written += len(lines)
+                        yield "".join(lines)
+                    return
+                payload = dumps(s.payload)
+                if "\\" in payload:  # json.dumps writes ASCII, no control characters: only \
+                    payload = payload.replace("\\", "\\\\")
+                append(f"{field}{payload}\t{priority}\t{max_attempts}\n")
+            if not lines:
+                return
+            self.written += len(lines)
+            yield "".join(lines)
 
 
 def _queue_field(queue: str) -> str | None:
@@ -251,39 +450,3 @@ def _queue_field(queue: str) -> str | None:
     except UnicodeEncodeError:  # a lone surrogate: let psycopg raise its error
         return None
     return _COPY_SPECIAL.sub(lambda m: _COPY_ESCAPES[m.group()], queue) + "\t"
-
-
-def _write_now_text(copy: psycopg.Copy, specs: Sequence[JobSpec]) -> int:
-    """Write the COPY text of (queue, payload, priority, max_attempts) rows in chunks.
-
-    The text is what ``write_row`` would send for the same rows. Returns how many rows
-    were written: it stops at the first row it cannot format exactly so (a queue that
-    is not a str, a priority or max_attempts that is not an int, ...) for ``write_row``
-    to take that row and the rest, with psycopg's own checks and errors.
-    """
-    dumps = _json_encoder()
-    fields: dict[str, str | None] = {}  # queue -> _queue_field(queue)
-    written = 0
-    rows = iter(specs)
-    while True:
-        lines: list[str] = []
-        append = lines.append
-        for s in islice(rows, _CHUNK_ROWS):
-            queue, priority, max_attempts = s.queue, s.priority, s.max_attempts
-            field = None
-            if type(queue) is str:
-                field = fields.get(queue)
-                if field is None:
-                    field = fields[queue] = _queue_field(queue)
-            if field is None or type(priority) is not int or type(max_attempts) is not int:
-                if lines:
-                    copy.write("".join(lines))
-                return written + len(lines)
-            payload = dumps(s.payload)
-            if "\\" in payload:  # json.dumps writes ASCII, no control characters: only \
-                payload = payload.replace("\\", "\\\\")
-            append(f"{field}{payload}\t{priority}\t{max_attempts}\n")
-        if not lines:
-            return written
-        copy.write("".join(lines))
-        written += len(lines)

@@ -10,11 +10,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from drainer.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine, Iterable
+
     import psycopg
 
     from drainer.recurring import Definition
@@ -95,6 +97,117 @@ class Job:
 
 Handler = Callable[[Job], Any]
 
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class TaskHandler(Protocol[R_co]):
+    """What ``@task`` returns: the handler itself, callable as before, plus producers bound
+    to its queue, so that Python code enqueues by the handler and cannot misspell a queue::
+
+        @task("emails")
+        def send_email(job: Job) -> None: ...
+
+        send_email.enqueue(conn, {"to": "a@example.com"})          # psycopg.Connection
+        await send_email.enqueue_async(aconn, {"to": "a@example.com"})  # AsyncConnection
+    """
+
+    queue: str
+
+    def __call__(self, job: Job, /) -> R_co: ...
+
+    @property
+    def enqueue(self) -> BoundEnqueue: ...
+
+    @property
+    def enqueue_async(self) -> BoundEnqueueAsync: ...
+
+    @property
+    def enqueue_many(self) -> BoundEnqueueMany: ...
+
+
+#: A queue name, or a ``@task`` handler standing for its queue.
+QueueRef = str | TaskHandler[Any]
+
+
+def queue_of(queue: QueueRef) -> str:
+    """A queue name, or the queue of a ``@task`` handler (the contrib producers take both)."""
+    if isinstance(queue, str):
+        return queue
+    name = getattr(queue, "queue", None)
+    if not isinstance(name, str):
+        raise TypeError(f"expected a queue name or a @task handler, got {queue!r}")
+    return name
+
+
+class _Bound:
+    """A producer bound to one task: its queue, and its max_attempts as the default."""
+
+    __slots__ = ("max_attempts", "queue")
+
+    def __init__(self, queue: str, max_attempts: int | None) -> None:
+        self.queue = queue
+        self.max_attempts = max_attempts
+
+    def _options(self, options: dict[str, Any]) -> dict[str, Any]:
+        if "queue" in options:
+            raise TypeError(f"the queue is the task's own ({self.queue!r}): pass no queue=")
+        if self.max_attempts is not None:
+            options.setdefault("max_attempts", self.max_attempts)
+        return options
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of queue {self.queue!r}>"
+
+
+class BoundEnqueue(_Bound):
+    """``task.enqueue(conn, payload, **options)``: :func:`drainer.producer.enqueue` on the
+    task's queue (an AsyncConnection gives the awaitable, as there)."""
+
+    __slots__ = ()
+
+    @overload
+    def __call__(self, conn: psycopg.Connection[Any], payload: Any,
+                 **options: Any) -> int | None: ...
+
+    @overload
+    def __call__(self, conn: psycopg.AsyncConnection[Any], payload: Any,
+                 **options: Any) -> Coroutine[Any, Any, int | None]: ...
+
+    def __call__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+                 payload: Any, **options: Any) -> Any:
+        from drainer.producer import enqueue
+
+        return enqueue(conn, self.queue, payload, **self._options(options))
+
+
+class BoundEnqueueAsync(_Bound):
+    """``await task.enqueue_async(aconn, payload, **options)``."""
+
+    __slots__ = ()
+
+    def __call__(self, conn: psycopg.AsyncConnection[Any], payload: Any,
+                 **options: Any) -> Coroutine[Any, Any, int | None]:
+        from drainer.producer import enqueue_async
+
+        return enqueue_async(conn, self.queue, payload, **self._options(options))
+
+
+class BoundEnqueueMany(_Bound):
+    """``task.enqueue_many(conn, payloads, schema=..., table=...)``: one job per payload on
+    the task's queue, through :func:`drainer.producer.enqueue_many` (COPY)."""
+
+    __slots__ = ()
+
+    def __call__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+                 payloads: Iterable[Any], **options: Any) -> Any:
+        from drainer.producer import JobSpec, enqueue_many
+
+        where = {k: options.pop(k) for k in ("schema", "table") if k in options}
+        options = self._options(options)
+        return enqueue_many(conn, [JobSpec(self.queue, p, **options) for p in payloads],
+                            **where)
+
 
 @dataclass(frozen=True)
 class Task:
@@ -136,8 +249,11 @@ class Registry:
         cron: str | None = None,
         timezone: str | None = None,
         catch_up: str | None = None,
-    ) -> Callable[[Handler], Handler]:
+    ) -> Callable[[Callable[[Job], R]], TaskHandler[R]]:
         """Register the decorated function as the handler of ``queue``.
+
+        Returns the function itself, with ``.enqueue``, ``.enqueue_async`` and
+        ``.enqueue_many`` bound to ``queue`` (see :class:`TaskHandler`).
 
         With ``cron`` (and optionally ``timezone``, ``catch_up``), the queue also gets a
         recurring job keyed by the queue name (see :mod:`drainer.recurring`); a bad cron
@@ -151,7 +267,7 @@ class Registry:
         if max_attempts is not None and max_attempts < 1:
             raise ValueError(f"task {queue!r}: max_attempts must be at least 1")
 
-        def register(func: Handler) -> Handler:
+        def register(func: Callable[[Job], R]) -> TaskHandler[R]:
             existing = self.tasks.get(queue)
             if existing is not None and existing.func is not func:
                 raise ValueError(
@@ -162,7 +278,18 @@ class Registry:
             self.tasks[queue] = Task(queue, func, timeout, lease, max_attempts, transaction)
             if definition is not None and self.schedules.get(definition.key) != definition:
                 self.add_recurring(definition)
-            return func
+            # The producers are attributes of the function itself: calling it, inspecting
+            # it (async or not), pickling it by name all stay as they were.
+            bound: Any = func
+            try:
+                bound.queue = queue
+                bound.enqueue = BoundEnqueue(queue, max_attempts)
+                bound.enqueue_async = BoundEnqueueAsync(queue, max_attempts)
+                bound.enqueue_many = BoundEnqueueMany(queue, max_attempts)
+            except (AttributeError, TypeError):
+                pass  # a bound method or a builtin takes no attributes: registered as it is
+            handler: TaskHandler[R] = bound
+            return handler
 
         definition = None
         if cron is not None:

@@ -10,11 +10,7 @@ estimates and the known-work policy in :mod:`drainer.waking`; the HTTP side of
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import os
-import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone, tzinfo
@@ -23,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from apscheduler.triggers.base import BaseTrigger
 
 from drainer import cron
-from drainer._signals import on_stop_signals
 from drainer.cron import (
     CRON_HORIZON_S,
     CRON_MACROS,
@@ -37,15 +32,13 @@ from drainer.cron import (
     parse_cron,
 )
 from drainer.errors import ConfigError, DrainerError
-from drainer.settings import DEFAULT_MAX_SLEEP_S, parse_duration
+from drainer.settings import DEFAULT_MAX_SLEEP_S
 from drainer.waking import (
     DEFAULT_MAX_RUNTIME_CAP_S,
     DEFAULT_MAX_RUNTIME_FRACTION,
     WAKE_POLICIES,
-    AwakeEstimate,
     IdleTimeout,
     WakeState,
-    estimate_interval,
     fmt_seconds,
     idle_timeout_of,
 )
@@ -324,134 +317,3 @@ def run_schedule(settings: Settings, wakes: cron.WakeSchedule, *, stop: threadin
 
 
 # -- the command ----------------------------------------------------------------------------------
-
-
-def _seconds(flag: str, value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(parse_duration(value))
-    except ValueError as exc:
-        raise ConfigError(f"{flag}: {exc}") from None
-
-
-def wake_schedule_from_args(args: argparse.Namespace) -> WakeSchedule:
-    tz: tzinfo | None = None
-    if getattr(args, "timezone", None):
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        try:
-            tz = ZoneInfo(args.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ConfigError(f"--timezone: unknown time zone {args.timezone!r}") from None
-    return WakeSchedule(interval=_seconds("--interval", args.interval), cron=args.cron,
-                        jitter=_seconds("--jitter", args.jitter) or 0.0, timezone=tz)
-
-
-def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
-    """``drainer schedule``: validate, print the awake estimate, run until SIGTERM/SIGINT."""
-    wakes = wake_schedule_from_args(args)
-    idle = idle_timeout_of(settings)
-    policy = settings.wake_policy
-    max_runtime = check_schedule(wakes, idle, settings.max_runtime,
-                                 allow_always_on=args.allow_always_on, policy=policy,
-                                 max_sleep=settings.max_sleep)
-    listen = None
-    token: str | None = None
-    if args.listen:
-        from drainer.serve import parse_listen, trigger_token
-
-        listen = parse_listen(args.listen)
-        token = trigger_token(settings, args.no_auth)
-    elif args.no_auth:
-        raise ConfigError("--no-auth only goes with --listen")
-    if policy == "known-work":
-        estimate = estimate_interval(settings.max_sleep, 0.0, idle, max_runtime)
-    else:
-        estimate = wakes.estimate(idle, max_runtime)
-    if args.dry_run:
-        out = sys.stdout
-        out.write(f"schedule: {wakes.describe()}\n")
-        if policy == "known-work":
-            out.write(f"wake policy: known-work (ticks check without connecting; a tick "
-                      f"wakes after a trigger, with due work left, for a retry come due "
-                      f"but not sooner than {fmt_seconds(idle.seconds)} after the last run, "
-                      f"or {fmt_seconds(settings.max_sleep)} after the last run "
-                      f"(--max-sleep))\n")
-            out.write(f"next {DRY_RUN_WAKES} ticks (the first drains in full; with no "
-                      "work, later ones skip):\n")
-        else:
-            out.write("wake policy: always (every tick drains)\n")
-            out.write(f"next {DRY_RUN_WAKES} wakes:\n")
-        for when in wakes.next_wakes(DRY_RUN_WAKES):
-            out.write(f"  {when.isoformat()}\n")
-        if listen is not None:
-            out.write(f"triggers: POST http://{listen[0]}:{listen[1]}/drain drains at once\n")
-        out.write(f"max runtime of a run: {fmt_seconds(max_runtime)}\n")
-        out.write(_describe_estimate(estimate, policy, idle, listen is not None) + "\n")
-        return 0
-
-    from drainer.drain import resolve_queues
-    from drainer.registry import default_registry
-
-    resolve_queues(settings, default_registry)  # fail now, not at the first wake
-    if idle.assumed:
-        logger.warning("idle timeout unknown: assuming %s (%s)", fmt_seconds(idle.seconds),
-                       idle.source)
-    if (policy == "always" and not idle.never_suspends
-            and wakes.min_gap() <= idle.seconds + max_runtime):
-        logger.warning("a run that uses its full max runtime (%s) leaves less than the idle "
-                       "timeout before the next wake: such wakes keep the compute up until "
-                       "the next one", fmt_seconds(max_runtime))
-    logger.info(_describe_estimate(estimate, policy, idle, listen is not None),
-                extra={"awake_estimate": estimate.as_dict(), "wake_policy": policy})
-    run_settings = settings.model_copy(update={"max_runtime": max_runtime})
-    _share_log_handlers()
-
-    stop = threading.Event()
-
-    def on_signal(name: str) -> None:
-        if stop.is_set():
-            sys.stderr.write(f"drainer schedule: second {name}: exiting now; running jobs "
-                             "are left to their lease\n")
-            os._exit(1)
-        logger.info("received %s: no new runs; a run in progress releases unstarted jobs "
-                    "and gives running ones the %s grace period", name,
-                    fmt_seconds(settings.grace))
-        stop.set()
-
-    with on_stop_signals(on_signal):
-        runs = run_schedule(run_settings, wakes, stop=stop, idle=idle,
-                            pull_earlier=args.pull_earlier, on_report=_print_report,
-                            policy=policy, max_sleep=settings.max_sleep, listen=listen,
-                            token=token)
-    logger.info("stopped after %d run(s)", runs)
-    return 0
-
-
-def _describe_estimate(estimate: AwakeEstimate, policy: str, idle: IdleTimeout,
-                       listening: bool) -> str:
-    """The estimate's line; with known-work, what it counts (the safety net) and what not."""
-    if policy != "known-work" or idle.never_suspends:
-        return estimate.describe()
-    trig = ("each triggered drain adds its drain time to the wake its producer already "
-            "caused; " if listening else "")
-    return (estimate.describe().replace("awake estimate:", "awake estimate (known-work, "
-                                        "with no work: the --max-sleep safety net only):", 1)
-            + f"; {trig}each group of due retries or left work adds about drain time + "
-            f"{fmt_seconds(idle.seconds)}")
-
-
-def _print_report(report: RunReport) -> None:
-    sys.stdout.write(json.dumps(report.as_dict(), default=str) + "\n")
-    sys.stdout.flush()
-
-
-def _share_log_handlers() -> None:
-    """APScheduler's warnings (a wake skipped because a run is still going) in our format."""
-    ours = logging.getLogger("drainer")
-    aps = logging.getLogger("apscheduler")
-    aps.setLevel(logging.WARNING)
-    aps.propagate = False
-    for h in ours.handlers:
-        aps.addHandler(h)

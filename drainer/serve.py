@@ -5,7 +5,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -17,12 +16,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from drainer._redact import redact
-from drainer._signals import on_stop_signals
 from drainer.errors import ConfigError, DrainerError
 
 if TYPE_CHECKING:
-    import argparse
-
     from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -440,48 +436,3 @@ def parse_listen(value: str, flag: str = "--listen") -> tuple[str, int]:
         raise ConfigError(f"{flag}: expected HOST:PORT (e.g. 127.0.0.1:8080), got {value!r}")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port_s)
-
-
-def serve_command(args: argparse.Namespace, settings: Settings) -> int:
-    from drainer.drain import resolve_queues
-    from drainer.registry import default_registry
-
-    token = trigger_token(settings, args.no_auth)
-    settings.dsn  # noqa: B018 - a missing database URL is a configuration error (exit 2)
-    queues = resolve_queues(settings, default_registry)  # loads the app; exit 2 if wrong
-    port = args.port if args.port is not None else _env_port()
-    server = make_server(settings, args.host, port, token=token)
-    host, bound = server.server_address[:2]
-    stop_requested = threading.Event()
-
-    def on_signal(name: str) -> None:
-        logger.info("received %s: no new drains; the running one finishes or releases its "
-                    "jobs", name)
-        stop_requested.set()
-
-    with on_stop_signals(on_signal):
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                  name="drainer-serve-http", daemon=True)
-        thread.start()
-        logger.info("listening on http://%s:%d (POST /drain, GET /healthz, GET /runs/<id>); "
-                    "queues: %s; no database connection until a drain is requested",
-                    host, bound, ", ".join(queues), extra={"port": bound})
-        try:
-            while not stop_requested.wait(0.5):
-                pass
-        finally:
-            server.shutdown()  # stop accepting
-            server.server_close()
-            server.coalescer.shutdown(timeout=settings.grace + 60)
-    logger.info("stopped after %d drain(s)", server.coalescer.started)
-    return 0
-
-
-def _env_port() -> int:
-    raw = os.environ.get("PORT")
-    if not raw:
-        return DEFAULT_PORT
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"PORT is not a port number: {raw!r}") from None

@@ -1,33 +1,73 @@
 """All of drainer's options: flags, ``DRAINER_*`` variables and ``[tool.drainer]``.
 
-``Settings`` is the one definition of every option and the authority on what is valid.
-drainer/_settings_table.py is generated from it (``python -m drainer._settings_gen``) so
-that the CLI can build its flags, and check the usual values, without importing pydantic
-(see drainer/_settings_core.py).
+``Settings`` is the one definition of every option and the authority on what is valid:
+the CLI builds its flags, their help and its errors from it (drainer/cli/_base.py).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationError
+from pydantic import (
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from drainer._redact import redact
-from drainer._settings_core import PLATFORM_IDLE_TIMEOUTS as PLATFORM_IDLE_TIMEOUTS
-from drainer._settings_core import (
-    dsn_of,
-    idle_timeout_of,
-    read_pyproject,
-    remember_secrets,
-    split_list,
-)
-from drainer._settings_core import parse_duration as parse_duration
+from drainer._redact import password_of, redact, remember_secret
 from drainer.errors import ConfigError
 
-if TYPE_CHECKING:
-    from drainer._settings_table import SettingsValues
+#: Idle timeout (seconds) after which each platform suspends a compute with no activity.
+PLATFORM_IDLE_TIMEOUTS: dict[str, float] = {
+    "neon": 300.0,  # Neon: 5 minutes by default
+    "aurora": 300.0,  # Aurora Serverless v2 at 0 ACU: SecondsUntilAutoPause default
+    "relyt": 600.0,  # the Japanese article's platform: about 10 minutes
+    "supabase": 300.0,  # branches / self-hosted scale-to-zero: set --idle-timeout to yours
+    "always-on": 0.0,  # a compute that never suspends
+}
+
+#: Names ``[tool.drainer]`` accepts besides the field names.
+PYPROJECT_ALIASES = {"schema": "schema_name", "queue": "queues"}
+
+_DURATION = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|min|h|d|w)?\s*$", re.I)
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+#: SQLAlchemy's form of a PostgreSQL URL names the driver: ``postgresql+psycopg://``.
+_SQLALCHEMY_URL = re.compile(r"^\s*postgresql\+[a-z0-9_]+://", re.I)
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept ``90``, ``"90"``, ``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``; return seconds."""
+    if value is None or isinstance(value, int | float):
+        return value
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if not m:
+            raise ValueError(f"not a duration: {value!r} (use seconds or 30s, 15m, 12h, 7d)")
+        return float(m.group("n")) * _UNIT_S[(m.group("unit") or "s").lower()]
+    return value
+
+
+def split_list(value: Any) -> Any:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``; anything else unchanged."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+def plain_url(dsn: str) -> str:
+    """A SQLAlchemy URL (``postgresql+psycopg://``, ``+asyncpg``, ``+psycopg2``) as the
+    plain ``postgresql://`` URL libpq reads; anything else unchanged."""
+    return _SQLALCHEMY_URL.sub("postgresql://", dsn, count=1)
+
 
 # Named defaults, next to the class that uses them.
 DEFAULT_SCHEMA = "drainer"
@@ -293,15 +333,32 @@ class Settings(BaseSettings):
         gt=0,
     )
 
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _plain_database_url(cls, value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            return SecretStr(plain_url(value.get_secret_value()))
+        return plain_url(value) if isinstance(value, str) else value
+
     @property
     def dsn(self) -> str:
         """The connection string; raises ConfigError when none is set."""
-        return dsn_of(self.database_url)
+        url = self.database_url
+        if url is None or not url.get_secret_value().strip():
+            raise ConfigError(
+                "no database URL: set DRAINER_DATABASE_URL (or DATABASE_URL) or pass "
+                "--database-url"
+            )
+        return url.get_secret_value()
 
     @property
     def effective_idle_timeout(self) -> float | None:
         """--idle-timeout, else the --platform preset, else None (unknown)."""
-        return idle_timeout_of(self.idle_timeout, self.platform)
+        if self.idle_timeout is not None:
+            return self.idle_timeout
+        if self.platform is not None:
+            return PLATFORM_IDLE_TIMEOUTS[self.platform]
+        return None
 
 
 class _PyprojectSource(PydanticBaseSettingsSource):
@@ -331,9 +388,37 @@ def _customise(
 
 Settings.settings_customise_sources = classmethod(_customise)  # type: ignore[assignment,method-assign]
 
-#: What the library's functions take: the pydantic model, or the same values as the CLI's
-#: fast path checks them without importing pydantic (drainer/_settings_core.py).
-AnySettings: TypeAlias = "Settings | SettingsValues"
+#: The old name of what the library's functions take (there was a second settings type
+#: once); new code says ``Settings``.
+AnySettings: TypeAlias = Settings
+
+
+def read_pyproject(field_names: set[str] | frozenset[str]) -> dict[str, Any]:
+    """``[tool.drainer]`` of ./pyproject.toml (or of $DRAINER_PYPROJECT), by field name.
+
+    Raises ConfigError for a file that cannot be read or parsed, and for an unknown key.
+    """
+    path = Path(os.environ.get("DRAINER_PYPROJECT", "pyproject.toml"))
+    if not path.is_file():
+        return {}
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        with path.open("rb") as f:
+            table = tomllib.load(f).get("tool", {}).get("drainer", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read [tool.drainer] from {path}: {exc}") from None
+    known = {name: name for name in field_names}
+    known.update(PYPROJECT_ALIASES)
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = known.get(key.replace("-", "_"))
+        if name is None:
+            raise ConfigError(f"unknown setting {key!r} in [tool.drainer] of {path}")
+        out[name] = value
+    return out
 
 
 def flag_of(name: str) -> str:
@@ -366,7 +451,11 @@ def load_settings(**overrides: Any) -> Settings:
         name = _field_for_loc(loc)
         where = f"{flag_of(name)} / {env_of(name)}" if name else loc
         raise ConfigError(redact(f"invalid setting {where}: {err['msg']}")) from None
-    remember_secrets(settings.database_url, settings.trigger_token)
+    # the DSN's password and the trigger token: no output ever shows them
+    if settings.database_url is not None:
+        remember_secret(password_of(settings.database_url.get_secret_value()))
+    if settings.trigger_token is not None:
+        remember_secret(settings.trigger_token.get_secret_value())
     return settings
 
 

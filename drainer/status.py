@@ -1,17 +1,17 @@
-"""``drainer status``: what the queue is doing, from one connection and a few statements."""
+"""What the queue is doing (``drainer status``), from one connection and a few statements."""
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from drainer._text import iso, text_table
+
 if TYPE_CHECKING:
-    from drainer.settings import AnySettings
+    from drainer.settings import Settings
 
 
-def collect_status(settings: AnySettings) -> dict[str, Any]:
+def collect_status(settings: Settings) -> dict[str, Any]:
     """Counts by queue and status, due work, expired leases, dead letters, table health."""
     from drainer.db import Queries, connect
     from drainer.migrate import check_schema
@@ -61,9 +61,9 @@ def collect_status(settings: AnySettings) -> dict[str, Any]:
         "total_bytes": t.get("total_bytes"),
         "n_live_tup": t.get("n_live_tup"),
         "n_dead_tup": t.get("n_dead_tup"),
-        "last_autovacuum": _iso(t.get("last_autovacuum")),
-        "last_vacuum": _iso(t.get("last_vacuum")),
-        "last_autoanalyze": _iso(t.get("last_autoanalyze")),
+        "last_autovacuum": iso(t.get("last_autovacuum")),
+        "last_vacuum": iso(t.get("last_vacuum")),
+        "last_autoanalyze": iso(t.get("last_autoanalyze")),
         "drainer_sessions": t.get("drainer_sessions"),
         "oldest_xact_age_s": _round(t.get("oldest_xact_age_s")),
     }
@@ -71,10 +71,6 @@ def collect_status(settings: AnySettings) -> dict[str, Any]:
 
 def _round(value: Any) -> float | None:
     return None if value is None else round(float(value), 3)
-
-
-def _iso(value: Any) -> str | None:
-    return None if value is None else value.isoformat()
 
 
 def _size(n: int | None) -> str:
@@ -101,10 +97,7 @@ def render_status(st: dict[str, Any]) -> str:
     if len(table) == 1:
         lines.append("(no jobs)")
     else:
-        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-        for row in table:
-            lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                   for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        lines.extend(text_table(table, right=range(1, len(header))))
     lines.append("")
     lines.append(f"next due:        {st['next_due_at'] or '-'}")
     lines.append(f"expired leases:  {st['expired_leases']} (the next run's reaper returns them)")
@@ -123,24 +116,3 @@ def render_status(st: dict[str, Any]) -> str:
                  f"transaction: {'none' if xact is None else f'{xact:.0f}s'}"
                  + (" (holds back VACUUM)" if xact is not None and xact > 60 else ""))
     return "\n".join(lines)
-
-
-def wants_json(args: argparse.Namespace) -> bool:
-    """JSON with --json or when stdout is no terminal; a readable table on a terminal."""
-    if getattr(args, "json", False):
-        return True
-    try:
-        return not sys.stdout.isatty()
-    except (AttributeError, ValueError):
-        return True
-
-
-def status_command(args: argparse.Namespace, settings: AnySettings) -> int:
-    import json
-
-    st = collect_status(settings)
-    if wants_json(args):
-        sys.stdout.write(json.dumps(st, default=str) + "\n")
-    else:
-        sys.stdout.write(render_status(st) + "\n")
-    return 0

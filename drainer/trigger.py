@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import logging
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from drainer._redact import redact
@@ -14,6 +16,7 @@ from drainer._redact import redact
 if TYPE_CHECKING:
     import psycopg
 
+    from drainer.registry import QueueRef
     from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -39,13 +42,53 @@ def fire(settings: Settings, timeout: float = TRIGGER_TIMEOUT_S) -> bool:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             status: int = response.status
             ok = 200 <= status < 300
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         logger.warning("drain trigger to %s failed (the job is queued; the next drain takes "
                        "it): %s", redact(url), redact(str(exc)))
         return False
     if not ok:
         logger.warning("drain trigger to %s answered %s", redact(url), status)
     return ok
+
+
+async def fire_async(settings: Settings, timeout: float = TRIGGER_TIMEOUT_S) -> bool:
+    """:func:`fire` for async code: the POST runs in a worker thread, the event loop goes on.
+
+    Never raises, and waits at most about ``timeout`` seconds for the answer.
+    """
+    if not settings.trigger_url:
+        return False
+    return await asyncio.to_thread(fire, settings, timeout)
+
+
+#: Triggers fired by :func:`fire_after_commit` from a running event loop, kept until done.
+_PENDING: set[asyncio.Task[bool]] = set()
+
+
+def fire_after_commit(settings: Settings, timeout: float = TRIGGER_TIMEOUT_S) -> None:
+    """Fire the trigger from a commit hook (SQLAlchemy's after_commit, Django's on_commit).
+
+    In a thread with a running event loop (an async session, an ASGI app) the POST is a
+    background task, so the loop never waits on it; elsewhere it runs here, with the
+    short ``timeout``. Never raises: the job is committed either way.
+    """
+    if not settings.trigger_url:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        fire(settings, timeout=timeout)
+        return
+    task = loop.create_task(fire_async(settings, timeout=timeout))
+    _PENDING.add(task)
+    task.add_done_callback(_PENDING.discard)
+
+
+async def wait_fired() -> None:
+    """Wait for the triggers :func:`fire_after_commit` started in the background (tests,
+    or an app's shutdown that wants them sent)."""
+    while _PENDING:
+        await asyncio.gather(*_PENDING)
 
 
 class TriggerTransaction:
@@ -58,11 +101,13 @@ class TriggerTransaction:
         self.fired: bool | None = None
         """None until the block ends; then whether the trigger answered 2xx."""
 
-    def enqueue(self, queue: str, payload: Any, **options: Any) -> int | None:
-        """:func:`drainer.producer.enqueue` on this transaction's connection and table."""
+    def enqueue(self, queue: QueueRef, payload: Any, **options: Any) -> int | None:
+        """:func:`drainer.producer.enqueue` on this transaction's connection and table
+        (``queue``: a name or a ``@task`` handler)."""
         from drainer.producer import enqueue
+        from drainer.registry import queue_of
 
-        job_id = enqueue(self.conn, queue, payload, schema=self.settings.schema_name,
+        job_id = enqueue(self.conn, queue_of(queue), payload, schema=self.settings.schema_name,
                          table=self.settings.table, **options)
         if job_id is not None:
             self.enqueued += 1
@@ -99,8 +144,12 @@ def transaction(conn: psycopg.Connection[Any], settings: Settings,
     drain takes it. ``conn`` must have no transaction open (otherwise the commit would
     not be ours to see): raises ValueError.
     """
-    from psycopg import pq
+    from psycopg import AsyncConnection, pq
 
+    if isinstance(conn, AsyncConnection):
+        raise TypeError("drainer.trigger.transaction needs a psycopg.Connection; for a "
+                        "psycopg.AsyncConnection use `async with "
+                        "drainer.trigger.transaction_async(conn, settings) as tx`")
     if conn.info.transaction_status != pq.TransactionStatus.IDLE:
         raise ValueError(
             "drainer.trigger.transaction needs a connection with no transaction open: the "
@@ -125,3 +174,80 @@ def enqueue_and_trigger(conn: psycopg.Connection[Any], settings: Settings, queue
     """Enqueue one job in its own transaction and fire the trigger once it committed."""
     with transaction(conn, settings) as tx:
         return tx.enqueue(queue, payload, **options)
+
+
+class AsyncTriggerTransaction:
+    """The open transaction of :func:`transaction_async`: enqueue through it, or mark it."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], settings: Settings) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.enqueued = 0
+        self.fired: bool | None = None
+        """None until the block ends; then whether the trigger answered 2xx."""
+
+    async def enqueue(self, queue: QueueRef, payload: Any, **options: Any) -> int | None:
+        """:func:`drainer.producer.enqueue_async` on this transaction's connection and table
+        (``queue``: a name or a ``@task`` handler)."""
+        from drainer.producer import enqueue_async
+        from drainer.registry import queue_of
+
+        job_id = await enqueue_async(self.conn, queue_of(queue), payload,
+                                     schema=self.settings.schema_name,
+                                     table=self.settings.table, **options)
+        if job_id is not None:
+            self.enqueued += 1
+        return job_id
+
+    async def enqueue_many(self, jobs: Iterable[Any]) -> int:
+        """:func:`drainer.producer.enqueue_many_async` on this transaction; returns jobs
+        inserted."""
+        from drainer.producer import enqueue_many_async
+
+        result = await enqueue_many_async(self.conn, jobs, schema=self.settings.schema_name,
+                                          table=self.settings.table)
+        self.enqueued += result.enqueued
+        return result.enqueued
+
+    def mark(self, n: int = 1) -> None:
+        """Ask for a drain after commit for jobs inserted some other way (plain SQL)."""
+        self.enqueued += n
+
+
+@asynccontextmanager
+async def transaction_async(conn: psycopg.AsyncConnection[Any], settings: Settings,
+                            timeout: float = TRIGGER_TIMEOUT_S
+                            ) -> AsyncIterator[AsyncTriggerTransaction]:
+    """:func:`transaction` for a ``psycopg.AsyncConnection``::
+
+        async with drainer.trigger.transaction_async(aconn, settings) as tx:
+            await aconn.execute("INSERT INTO orders ...")
+            await tx.enqueue("emails", {"order": 42})
+
+    The same guarantees: one trigger after the commit, none on rollback or when nothing
+    was enqueued, a short timeout, never raises (the POST runs in a worker thread, the
+    event loop is not blocked). ``conn`` must have no transaction open: ValueError.
+    """
+    from psycopg import pq
+
+    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        raise ValueError(
+            "drainer.trigger.transaction_async needs a connection with no transaction open: "
+            "the trigger must fire after the commit, which an outer transaction would delay"
+        )
+    tx = AsyncTriggerTransaction(conn, settings)
+    committed = False
+    async with conn.transaction():
+        yield tx
+        committed = True
+    if not committed:
+        tx.fired = False
+        return
+    tx.fired = await fire_async(settings, timeout=timeout) if tx.enqueued else False
+
+
+async def enqueue_and_trigger_async(conn: psycopg.AsyncConnection[Any], settings: Settings,
+                                    queue: str, payload: Any, **options: Any) -> int | None:
+    """Enqueue one job in its own transaction and fire the trigger once it committed."""
+    async with transaction_async(conn, settings) as tx:
+        return await tx.enqueue(queue, payload, **options)

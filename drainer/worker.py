@@ -10,9 +10,7 @@ the job, and a lost one is caught by the next poll.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,13 +21,9 @@ import psycopg
 from psycopg import sql
 
 from drainer import db
-from drainer._signals import on_stop_signals
 from drainer.errors import DatabaseUnavailable, SchemaError
-from drainer.settings import parse_duration
 
 if TYPE_CHECKING:
-    import argparse
-
     from drainer.drain import RunReport
     from drainer.registry import Registry
     from drainer.settings import Settings
@@ -204,19 +198,6 @@ class Worker:
         return self.stats
 
 
-def _seconds(value: Any, flag: str) -> float:
-    from drainer.errors import ConfigError
-
-    try:
-        seconds = float(parse_duration(value))
-    except (TypeError, ValueError):
-        raise ConfigError(f"{flag}: not a duration: {value!r} (use seconds or 30s, 5m)"
-                          ) from None
-    if seconds <= 0:
-        raise ConfigError(f"{flag} must be positive")
-    return seconds
-
-
 def warn_at_start(settings: Settings, min_poll: float, max_poll: float) -> list[str]:
     """The start-up warnings: always-on, direct connection, poll shorter than idle timeout."""
     lines = [
@@ -234,30 +215,3 @@ def warn_at_start(settings: Settings, min_poll: float, max_poll: float) -> list[
     for line in lines:
         logger.warning(line)
     return lines
-
-
-def worker_command(args: argparse.Namespace, settings: Settings) -> int:
-    from drainer.drain import resolve_queues
-    from drainer.errors import ConfigError
-    from drainer.registry import default_registry
-
-    min_poll = _seconds(args.min_poll_interval, "--min-poll-interval")
-    max_poll = _seconds(args.max_poll_interval, "--max-poll-interval")
-    if min_poll > max_poll:
-        raise ConfigError("--min-poll-interval must not be longer than --max-poll-interval")
-    settings.dsn  # noqa: B018 - a missing database URL is a configuration error (exit 2)
-    queues = resolve_queues(settings, default_registry)
-    warn_at_start(settings, min_poll, max_poll)
-    stop = threading.Event()
-
-    def on_signal(name: str) -> None:
-        logger.info("received %s: stopping (no new claims; running jobs get the grace "
-                    "period)", name)
-        stop.set()
-
-    with on_stop_signals(on_signal):
-        stats = Worker(settings, queues, min_poll=min_poll, max_poll=max_poll,
-                       stop=stop).run()
-    sys.stdout.write(json.dumps(vars(stats)) + "\n")
-    sys.stdout.flush()
-    return 0

@@ -19,10 +19,7 @@ left out (it is activity too, while the audit runs: run it from where you would 
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -55,8 +52,7 @@ from drainer.audit.sampling import (
     SessionRow,
     sample_activity,
 )
-from drainer.settings import parse_duration
-from drainer.waking import IdleTimeout, fmt_seconds, idle_timeout_of
+from drainer.waking import IdleTimeout, idle_timeout_of
 
 if TYPE_CHECKING:
     from drainer.settings import Settings
@@ -78,44 +74,3 @@ def audit(settings: Settings, *, duration: float = DEFAULT_DURATION_S,
     """Sample for ``duration`` seconds and judge (the library form of ``drainer audit``)."""
     activity = sample_activity(settings, duration=duration, filters=filters, stop=stop)
     return judge(activity, idle or idle_timeout_of(settings))
-
-
-# -- the command ----------------------------------------------------------------------------------
-
-
-def _filters_from_args(args: argparse.Namespace) -> SessionFilter:
-    pids = None
-    if getattr(args, "only_pid", None):
-        try:
-            pids = [int(p) for v in args.only_pid for p in v.split(",") if p.strip()]
-        except ValueError:
-            from drainer.errors import ConfigError
-
-            raise ConfigError("--only-pid takes process ids (numbers)") from None
-    return SessionFilter(databases=getattr(args, "only_database", None) or None,
-                         users=getattr(args, "only_user", None) or None,
-                         application_names=getattr(args, "only_application", None) or None,
-                         pids=pids)
-
-
-def audit_command(args: argparse.Namespace, settings: Settings) -> int:
-    """``drainer audit``: exit 0 if the compute could suspend, 1 if something keeps it up."""
-    from drainer.errors import ConfigError
-
-    try:
-        duration = float(parse_duration(args.duration))
-    except ValueError as exc:
-        raise ConfigError(f"--duration: {exc}") from None
-    if duration <= 0:
-        raise ConfigError("--duration must be more than 0 seconds")
-    idle = idle_timeout_of(settings)
-    if idle.assumed:
-        logger.warning("idle timeout unknown: assuming %s (%s)", fmt_seconds(idle.seconds),
-                       idle.source)
-    result = audit(settings, duration=duration, filters=_filters_from_args(args), idle=idle)
-    if args.json:
-        sys.stdout.write(json.dumps(result.as_dict(), default=str) + "\n")
-    else:
-        sys.stdout.write(format_table(result))
-    sys.stdout.flush()
-    return 0 if result.could_suspend else 1

@@ -292,6 +292,16 @@ CREATE TEMP TABLE drainer_enqueue_stage (
 COPY drainer_enqueue_stage (ord, queue, payload, run_at, priority, max_attempts, dedup_key)
 FROM STDIN;
 
+-- name: enqueue_now
+-- Bulk enqueue with run_at left out on some jobs: COPY does not apply column defaults to
+-- NULLs, so those jobs take the transaction's now() (what the default would give).
+SELECT now();
+
+-- name: enqueue_stage_drop
+-- Bulk enqueue with dedup keys, step 4: drop the staging table before the next batch of
+-- the same transaction.
+DROP TABLE drainer_enqueue_stage;
+
 -- name: enqueue_stage_insert
 -- Bulk enqueue with dedup keys, step 3: insert in input order, skipping duplicates (also
 -- duplicates within the batch: the first one wins).

@@ -21,7 +21,7 @@ from drainer import Job, run_once
 from drainer.producer import JobSpec, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings
-from tests.conftest import make_settings
+from tests.conftest import make_settings, missing_component
 
 PUSHGATEWAY = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
 
@@ -193,8 +193,8 @@ def test_failed_push_is_a_warning_not_a_failed_run(
 @pytest.fixture
 def pushgateway(tmp_path: Any) -> Iterator[str]:
     if PUSHGATEWAY is None:
-        pytest.skip("prometheus-pushgateway is not installed (apt-get install "
-                    "prometheus-pushgateway); the stdlib server test covers the push")
+        missing_component("prometheus-pushgateway", "apt-get install prometheus-pushgateway; "
+                          "the stdlib server test covers the push meanwhile")
     port = free_port()
     proc = subprocess.Popen(
         [PUSHGATEWAY, f"--web.listen-address=127.0.0.1:{port}", "--persistence.file=",

@@ -110,3 +110,20 @@ def test_redact() -> None:
     assert "p9" not in redact("dbname=x password=p9 host=h")
     remember_secret("Tok3nValue")
     assert redact("bad Tok3nValue here") == "bad *** here"
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg", "psycopg2", "PSYCOPG"])
+def test_sqlalchemy_urls_are_read_as_plain_urls(driver: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", f"postgresql+{driver}://u:Sq1Pw@h:5433/db1?sslmode=require")
+    assert load_settings().dsn == "postgresql://u:Sq1Pw@h:5433/db1?sslmode=require"
+    assert "Sq1Pw" not in redact("password Sq1Pw")
+    monkeypatch.setenv("DRAINER_DATABASE_URL", f"postgresql+{driver}://h/db2")
+    assert load_settings().dsn == "postgresql://h/db2"
+    assert load_settings(database_url=f"postgresql+{driver}://h/db3").dsn == "postgresql://h/db3"
+
+
+def test_other_connection_strings_are_unchanged() -> None:
+    for dsn in ("postgresql://h/db", "postgres://h/db", "host=h dbname=postgresql+x://",
+                "postgresql+psycopg:/not-a-url"):
+        assert load_settings(database_url=dsn).dsn == dsn

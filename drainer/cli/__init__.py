@@ -1,0 +1,100 @@
+"""The ``drainer`` command: parse, build settings, call the library, map errors to exit codes.
+
+Exit codes: 0 done (also when a limit stopped a drain), 1 anything else, 2 usage or
+configuration error, 3 database unreachable, 4 schema missing or out of date.
+
+One module per group of commands (schema, jobs, run, wake, status), each command with a
+``configure_<command>(subparsers)`` that adds its flags and ``set_defaults(func=...)``.
+This package is the only place that parses flags, prints, and turns errors into exit
+codes; the command functions import the library when they run, so a short command never
+loads APScheduler or the HTTP server.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from drainer._redact import redact
+from drainer.cli import jobs, run, schema, status, wake
+from drainer.cli._base import SCOPES as _SCOPES
+from drainer.cli._base import Parser, settings_from_args
+from drainer.errors import EXIT_ERROR, EXIT_UNAVAILABLE, EXIT_USAGE, DrainerError
+
+__all__ = ["build_parser", "entrypoint", "main", "settings_from_args"]
+
+logger = logging.getLogger("drainer.cli")
+
+#: The commands in the order ``drainer --help`` lists them (the keys of _SCOPES).
+_CONFIGURE = (
+    schema.configure_migrate,
+    jobs.configure_enqueue,
+    status.configure_status,
+    run.configure_run_once,
+    run.configure_demo,
+    wake.configure_schedule,
+    wake.configure_serve,
+    run.configure_worker,
+    status.configure_audit,
+    jobs.configure_jobs,
+    jobs.configure_show,
+    jobs.configure_retry,
+    jobs.configure_cancel,
+    jobs.configure_purge,
+)
+assert len(_CONFIGURE) == len(_SCOPES)
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="drainer",
+        description="Drain a PostgreSQL job table and exit, so a serverless database can "
+        "suspend. Every flag can also be set as a DRAINER_* variable or in [tool.drainer] "
+        "of pyproject.toml.",
+        epilog="Exit codes: 0 done (also when a limit stopped the drain), 1 other error, "
+        "2 usage or configuration, 3 database unreachable, 4 schema missing or out of date.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for configure in _CONFIGURE:
+        configure(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        settings = settings_from_args(args)
+        from drainer.logs import setup_logging
+
+        setup_logging(settings.log_level, settings.log_format)
+        code: int = args.func(args, settings)
+        return code
+    except DrainerError as exc:
+        sys.stderr.write(f"drainer {args.command}: {redact(str(exc))}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"drainer {args.command}: interrupted\n")
+        return 130
+    except Exception as exc:
+        return _unexpected(args.command, exc)
+
+
+def _unexpected(command: str, exc: Exception) -> int:
+    import psycopg
+
+    text = redact(" ".join(str(exc).split()) or type(exc).__name__)
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        sys.stderr.write(f"drainer {command}: database connection lost: {text}\n")
+        return EXIT_UNAVAILABLE
+    logger.debug("unexpected error", exc_info=exc)
+    sys.stderr.write(f"drainer {command}: {type(exc).__name__}: {text}\n")
+    return EXIT_ERROR
+
+
+def entrypoint() -> None:
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""The parser: argparse with one-line errors, settings flags built from ``Settings``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Union, get_args, get_origin
+
+from drainer._redact import redact
+from drainer.errors import EXIT_USAGE
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
+
+    from drainer.settings import Settings
+
+#: What a command is: the parsed flags and the settings built from them -> the exit code.
+Command = Callable[[argparse.Namespace, "Settings"], int]
+
+#: Which settings scopes (the ``scopes`` of each field in drainer/settings.py) each
+#: command takes as flags. Its keys are every command, in the order of ``drainer --help``.
+SCOPES: dict[str, tuple[str, ...]] = {
+    "migrate": ("db",),
+    "enqueue": ("db", "enqueue", "trigger"),
+    "status": ("db",),
+    "run-once": ("db", "run"),
+    "demo": ("db", "run"),
+    "schedule": ("db", "run", "wake", "trigger", "schedule"),
+    "serve": ("db", "run", "trigger"),
+    "worker": ("db", "run", "wake"),
+    "audit": ("db", "wake"),
+    "jobs": ("db",),
+    "show": ("db",),
+    "retry": ("db",),
+    "cancel": ("db",),
+    "purge": ("db",),
+}
+
+#: The help section of each settings scope.
+TITLES = {"db": "database and logging", "run": "drain", "enqueue": "enqueue",
+          "trigger": "trigger", "wake": "waking and the compute's idle timeout",
+          "schedule": "wake policy"}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {redact(message)} (see {self.prog} --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def add_command(sub: Any, name: str, help_text: str, func: Command, *,
+                description: str | None = None) -> argparse.ArgumentParser:
+    """The subparser of command ``name``: its settings flags, and ``func`` to run it."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help_text,
+                                                     description=description or help_text)
+    add_settings_flags(parser, SCOPES[name])
+    parser.set_defaults(func=func)
+    return parser
+
+
+def _flag_kind(field: FieldInfo) -> str:
+    """bool (--x / --no-x), list (repeatable) or value, from the field's type."""
+    annotation: Any = field.annotation
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = get_args(annotation)
+    else:
+        args = (annotation,)
+    if bool in args:
+        return "bool"
+    if any(get_origin(a) is list for a in args):
+        return "list"
+    return "value"
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, scopes: Sequence[str]) -> None:
+    """A flag for every settings field of these scopes, its help from the field."""
+    from drainer.settings import Settings, env_of, flag_of
+
+    groups: dict[str, Any] = {}
+    for name, field in Settings.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        field_scopes = extra.get("scopes") or []
+        assert isinstance(field_scopes, list)
+        scope = next((str(s) for s in field_scopes if s in scopes), None)
+        if scope is None:
+            continue
+        group = groups.get(scope)
+        if group is None:
+            group = groups[scope] = parser.add_argument_group(TITLES.get(scope, scope))
+        default = field.default
+        shown = "" if default is None or name == "database_url" else f" [default: {default}]"
+        help_text = f"{field.description}{shown} (env {env_of(name)})"
+        kind = _flag_kind(field)
+        if kind == "bool":
+            group.add_argument(flag_of(name), dest=name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+        elif kind == "list":
+            group.add_argument(flag_of(name), dest=name, action="append",
+                               default=argparse.SUPPRESS, metavar="QUEUE", help=help_text)
+        else:
+            group.add_argument(flag_of(name), dest=name, default=argparse.SUPPRESS,
+                               metavar=name.upper().replace("_NAME", ""), help=help_text)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from the flags given on the command line (others from env/pyproject)."""
+    from drainer.settings import Settings, load_settings
+
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    if "queues" in overrides:
+        overrides["queues"] = [q.strip() for v in overrides["queues"] for q in v.split(",")
+                               if q.strip()]
+    return load_settings(**overrides)

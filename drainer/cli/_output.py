@@ -1,0 +1,77 @@
+"""What the commands print, and the flag values they parse themselves (durations, ids)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from drainer.errors import ConfigError
+
+T = TypeVar("T")
+
+#: --json's help on the commands that print a table on a terminal.
+JSON_HELP = ("Print one JSON object on stdout (the default when stdout is not a terminal; "
+             "on a terminal the output is a readable table).")
+
+
+def print_json(obj: Any) -> None:
+    """One JSON object on one line of stdout (values JSON lacks as their str())."""
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def wants_json(flag: bool) -> bool:
+    """JSON with --json or when stdout is no terminal; a readable table on a terminal."""
+    if flag:
+        return True
+    try:
+        return not sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return True
+
+
+def emit(obj: T, render: Callable[[T], str], *, as_json: bool) -> None:
+    """``obj`` as JSON (see :func:`wants_json`), else as ``render(obj)`` text."""
+    if wants_json(as_json):
+        print_json(obj)
+    else:
+        sys.stdout.write(render(obj) + "\n")
+        sys.stdout.flush()
+
+
+@overload
+def seconds_arg(flag: str, value: str) -> float: ...
+@overload
+def seconds_arg(flag: str, value: None) -> None: ...
+@overload
+def seconds_arg(flag: str, value: str | None) -> float | None: ...
+
+
+def seconds_arg(flag: str, value: str | None) -> float | None:
+    """A duration flag (``90``, ``30s``, ``15m``, ``12h``, ``7d``) in seconds; None stays.
+
+    A value that is no duration is a ConfigError (exit 2) that names the flag; each
+    command checks the range it accepts.
+    """
+    if value is None:
+        return None
+    from drainer.settings import parse_duration
+
+    try:
+        return float(parse_duration(value))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=`` of ids and limits: a whole number, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value

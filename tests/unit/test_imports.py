@@ -1,0 +1,117 @@
+"""The package's import structure: no circles, argparse only in drainer/cli/, and short
+commands that do not load what they do not use."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "drainer"
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(path: Path) -> set[str]:
+    """The drainer modules ``path`` imports, at module level or inside functions (what
+    runs only for type checkers, under ``if TYPE_CHECKING:``, does not count)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names if a.name in MODULES)
+            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+                for a in child.names:
+                    sub = f"{child.module}.{a.name}"
+                    if sub in MODULES:
+                        found.add(sub)
+                    elif child.module in MODULES:
+                        found.add(child.module)
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    found.discard("drainer")  # the package's __init__: lazy names only
+    return found
+
+
+def test_no_import_circles() -> None:
+    graph = {name: _imports(path) for name, path in MODULES.items()}
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def walk(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                circles.append([*stack[stack.index(dep):], dep])
+            elif dep not in state:
+                walk(dep, stack)
+        stack.pop()
+        state[node] = 2
+
+    for name in graph:
+        if name not in state:
+            walk(name, [])
+    assert not circles, circles
+
+
+def test_argparse_only_in_the_cli_package() -> None:
+    outside = [name for name, path in MODULES.items()
+               if not name.startswith("drainer.cli")
+               and "argparse" in {a.name for node in ast.walk(ast.parse(path.read_text()))
+                                  if isinstance(node, ast.Import) for a in node.names}
+               | {node.module for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.ImportFrom)}]
+    assert not outside, outside
+
+
+def _fresh(code: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_each_module_imports_on_its_own() -> None:
+    """Every module, imported first in a clean state, loads (an import order that only
+    works because another module came first would fail here)."""
+    out = _fresh(
+        "import importlib, sys\n"
+        f"names = {sorted(set(MODULES) - {'drainer.__main__'})!r}\n"  # that one runs main()
+        "failed = []\n"
+        "for name in names:\n"
+        "    for m in [m for m in sys.modules if m == 'drainer' or m.startswith('drainer.')]:\n"
+        "        del sys.modules[m]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as exc:\n"
+        "        failed.append(f'{name}: {type(exc).__name__}: {exc}')\n"
+        "print(failed)\n")
+    assert out == "[]"
+
+
+def test_the_parser_loads_neither_apscheduler_nor_http() -> None:
+    out = _fresh(
+        "import sys\n"
+        "from drainer.cli import build_parser\n"
+        "build_parser().parse_args(['schedule', '--interval', '1h'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('apscheduler', 'http', 'drainer') and m not in ('drainer', 'drainer.errors', "
+        "'drainer._redact', 'drainer.registry', 'drainer.settings', 'drainer.ops', "
+        "'drainer._text') and not m.startswith('drainer.cli')))\n")
+    assert out == "[]"
