@@ -268,7 +268,10 @@ class SyncResult:
                 "caught_up": self.caught_up}
 
 
-def _iso(t: datetime | None) -> str | None:
+def _iso(t: datetime | str | None) -> str | None:
+    """UTC ISO 8601 (also of a timestamp that came back as JSON text)."""
+    if isinstance(t, str):
+        t = datetime.fromisoformat(t)
     return None if t is None else t.astimezone(_UTC).isoformat()
 
 
@@ -364,6 +367,39 @@ def known_work_wakes(fires: Sequence[float], max_sleep_s: float, start: float, e
             wakes.append(f)
             last = f
     return wakes
+
+
+def series_status(rows: Iterable[Mapping[str, Any]], definitions: Iterable[Definition],
+                  handled: Iterable[str], now: datetime) -> list[dict[str, Any]]:
+    """``drainer status``'s recurring series: the table's (``status_recurring`` rows) and
+    the app's definitions, by key. ``defined``: the loaded app declares it; ``served``: its
+    queue has a handler in the app (None when no app was loaded); ``next_at`` is the
+    queued occurrence's fire time, else (``next_in_table`` false) the definition's."""
+    handled = set(handled)
+    by_key = {str(r["key"]): dict(r) for r in rows}
+    defs = {d.key: d for d in definitions}
+    out: list[dict[str, Any]] = []
+    for key in sorted(set(by_key) | set(defs)):
+        row, d = by_key.get(key, {}), defs.get(key)
+        next_at: datetime | str | None = row.get("next_at")
+        in_table = next_at is not None
+        if next_at is None and d is not None:
+            next_at = d.next_after(now)
+        queue = d.queue if d is not None else row.get("queue")
+        out.append({
+            "key": key, "queue": queue,
+            "cron": d.cron if d else None, "timezone": d.timezone if d else None,
+            "catch_up": d.catch_up if d else None, "defined": d is not None if defs or
+            handled else None,
+            "served": (queue in handled) if handled else None,
+            "next_at": _iso(next_at), "next_in_table": in_table,
+            "next_status": row.get("next_status"),
+            "last_status": row.get("last_status"),
+            "last_scheduled_for": _iso(row.get("last_scheduled_for")),
+            "last_finished_at": _iso(row.get("last_finished_at")),
+            "last_error": row.get("last_error"),
+        })
+    return out
 
 
 class _CallableModule(types.ModuleType):

@@ -8,14 +8,23 @@ from typing import TYPE_CHECKING, Any
 from drainer._text import iso, text_table
 
 if TYPE_CHECKING:
+    from drainer.registry import Registry
     from drainer.settings import Settings
 
 
-def collect_status(settings: Settings) -> dict[str, Any]:
-    """Counts by queue and status, due work, expired leases, dead letters, table health."""
+def collect_status(settings: Settings, registry: Registry | None = None) -> dict[str, Any]:
+    """Counts by queue and status, due work, expired leases, dead letters, table health,
+    and the recurring series (with the app's definitions when ``settings.app`` names it)."""
+    from datetime import datetime, timezone
+
     from drainer.db import Queries, connect
     from drainer.migrate import check_schema
+    from drainer.recurring import series_status
+    from drainer.registry import default_registry, load_app
 
+    registry = registry or default_registry
+    if settings.app:
+        load_app(settings.app)
     with connect(settings) as conn:
         q = Queries(conn, settings.schema_name, settings.table)
         version = check_schema(q)
@@ -66,6 +75,8 @@ def collect_status(settings: Settings) -> dict[str, Any]:
         "last_autoanalyze": iso(t.get("last_autoanalyze")),
         "drainer_sessions": t.get("drainer_sessions"),
         "oldest_xact_age_s": _round(t.get("oldest_xact_age_s")),
+        "recurring": series_status(t.get("recurring") or [], registry.schedules.values(),
+                                   registry.tasks, datetime.now(timezone.utc)),
     }
 
 
@@ -115,4 +126,27 @@ def render_status(st: dict[str, Any]) -> str:
     lines.append(f"other drainer sessions: {st.get('drainer_sessions')}; oldest open "
                  f"transaction: {'none' if xact is None else f'{xact:.0f}s'}"
                  + (" (holds back VACUUM)" if xact is not None and xact > 60 else ""))
+    lines.extend(_render_recurring(st.get("recurring") or []))
     return "\n".join(lines)
+
+
+def _render_recurring(series: list[dict[str, Any]]) -> list[str]:
+    if not series:
+        return []
+    header = ("recurring", "queue", "schedule", "next", "last")
+    table = [header]
+    for s in series:
+        sched = "-" if s["cron"] is None else f"{s['cron']} ({s['timezone']})"
+        if s["defined"] is False:
+            sched = "(not in the app: its future occurrences go at the next drain)"
+        elif s["served"] is False:
+            sched += " (unserved: no handler)"
+        nxt = s["next_at"] or "-"
+        if s["next_at"] and not s["next_in_table"]:
+            nxt += " (after the next drain)"
+        last = "-" if s["last_status"] is None else (
+            f"{s['last_status']} {s['last_scheduled_for']}"
+            + (f": {s['last_error']}" if s["last_status"] == "failed" and s["last_error"]
+               else ""))
+        table.append((s["key"], s["queue"] or "-", sched, nxt, last))
+    return ["", *text_table(table)]

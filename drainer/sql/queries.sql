@@ -328,7 +328,10 @@ ORDER BY queue, status;
 -- name: status_table
 -- Size and vacuum state of the jobs table, and the sessions that matter for it: other
 -- drainer connections now, and the oldest open transaction in this database (it holds
--- back VACUUM of every table, the jobs table first).
+-- back VACUUM of every table, the jobs table first). And the recurring series (a JSON
+-- array, in the same statement so status stays four): every recurring_key in the table, its
+-- next occurrence (queued or running, the earliest) and its last finished one, both looked
+-- up on the (recurring_key, scheduled_for) index.
 SELECT pg_total_relation_size(c.oid) AS total_bytes,
        pg_relation_size(c.oid) AS table_bytes,
        pg_indexes_size(c.oid) AS index_bytes,
@@ -339,7 +342,21 @@ SELECT pg_total_relation_size(c.oid) AS total_bytes,
           AND a.application_name LIKE 'drainer%%') AS drainer_sessions,
        (SELECT extract(epoch FROM now() - min(a.xact_start)) FROM pg_stat_activity a
         WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-          AND a.backend_type = 'client backend') AS oldest_xact_age_s
+          AND a.backend_type = 'client backend') AS oldest_xact_age_s,
+       (SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY r.key), '[]'::jsonb) FROM (
+          SELECT k.key, nxt.queue, nxt.scheduled_for AS next_at, nxt.status AS next_status,
+                 last.status AS last_status, last.scheduled_for AS last_scheduled_for,
+                 last.finished_at AS last_finished_at, last.last_error
+          FROM (SELECT DISTINCT recurring_key AS key FROM {jobs}
+                WHERE recurring_key IS NOT NULL) k
+          LEFT JOIN LATERAL (
+            SELECT queue, scheduled_for, status FROM {jobs}
+            WHERE recurring_key = k.key AND status IN ('queued', 'running')
+            ORDER BY scheduled_for LIMIT 1) nxt ON true
+          LEFT JOIN LATERAL (
+            SELECT status, scheduled_for, finished_at, last_error FROM {jobs}
+            WHERE recurring_key = k.key AND status IN ('done', 'failed')
+            ORDER BY scheduled_for DESC LIMIT 1) last ON true) r) AS recurring
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = %(regclass)s::regclass;
@@ -588,3 +605,4 @@ SELECT 'synced', (SELECT count(*) FROM inserted), NULL, NULL,
        (SELECT count(*) FROM changed), (SELECT count(*) FROM gone WHERE removed),
        (SELECT count(*) FROM gone WHERE NOT removed), (SELECT count(*) FROM superseded),
        (SELECT count(*) FROM caught_up);
+

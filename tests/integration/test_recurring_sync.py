@@ -238,3 +238,28 @@ def test_the_sync_reads_only_the_occurrences_index(
         sync_params([define("a", "@hourly")], ["a"], T0)).fetchall())
     assert "jobs_recurring_queued_idx" in plan, plan
     assert "Seq Scan on jobs" not in plan, plan
+
+
+def test_status_lists_series_with_next_fire_time_and_last_outcome(
+        q: db.Queries, conn: psycopg.Connection[Any], migrated: Settings) -> None:
+    from drainer.registry import Registry
+    from drainer.status import collect_status, render_status
+
+    reg = Registry()
+    reg.task("digest", cron="0 8 * * *", timezone="Europe/Berlin")(lambda job: None)
+    reg.recurring("digest", "*/5 * * * *", key="five")
+    now = datetime.now(UTC)
+    sync(q, list(reg.schedules.values()), ["digest"], now=now - timedelta(minutes=6))
+    sync(q, list(reg.schedules.values()), ["digest"], now=now)
+    _finish(conn, migrated, "five", now)  # its due occurrence ran
+    sync(q, [define("gone", "@hourly")], ["gone"], now=now)  # another deployment's series
+    st = collect_status(migrated, reg)
+    series = {s["key"]: s for s in st["recurring"]}
+    assert set(series) == {"digest", "five", "gone"}
+    five = series["five"]
+    assert five["last_status"] == "done" and five["next_in_table"] and five["served"]
+    assert datetime.fromisoformat(five["next_at"]) > now
+    assert series["digest"]["cron"] == "0 8 * * *" and series["digest"]["last_status"] is None
+    assert series["gone"]["defined"] is False and series["gone"]["served"] is False
+    text = render_status(st)
+    assert "recurring" in text and "0 8 * * * (Europe/Berlin)" in text and "done" in text
