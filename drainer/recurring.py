@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from drainer.cron import CronExpr
     from drainer.db import Queries
     from drainer.registry import Registry
+    from drainer.settings import AnySettings
 
 logger = logging.getLogger(__name__)
 
@@ -367,6 +368,67 @@ def known_work_wakes(fires: Sequence[float], max_sleep_s: float, start: float, e
             wakes.append(f)
             last = f
     return wakes
+
+
+@dataclass(frozen=True)
+class NextWake:
+    """When the next drain is needed (``drainer next-wake``), and why."""
+
+    at: datetime | None
+    reason: str
+    remaining_due: int | None = None
+    next_due_at: datetime | None = None
+    next_recurring_at: datetime | None = None
+    recurring_key: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"next_wake_at": _iso(self.at), "reason": self.reason,
+                "remaining_due": self.remaining_due, "next_due_at": _iso(self.next_due_at),
+                "next_recurring_at": _iso(self.next_recurring_at),
+                "recurring_key": self.recurring_key}
+
+
+def next_wake(settings: AnySettings, registry: Registry | None = None, *,
+              offline: bool = False, now: datetime | None = None) -> NextWake:
+    """When the next drain is needed, for platforms that take a one-shot schedule.
+
+    Online (the default): one connection that syncs the definitions of the served queues
+    (as the start of a drain does, so their next occurrences exist as rows) and reads when
+    the next job is due, retries and enqueued jobs included. ``offline``: no connection,
+    the definitions' next fire times only (a definition's first occurrence runs only if
+    some drain ran before its fire time and created it).
+    """
+    from drainer.drain import resolve_queues
+    from drainer.registry import default_registry
+
+    registry = registry or default_registry
+    queues = resolve_queues(settings, registry)
+    now = now or datetime.now(_UTC)
+    definitions = served(registry.schedules.values(), queues)
+    nexts = [(t, d.key) for d in definitions if (t := d.next_after(now)) is not None]
+    rec_at, rec_key = min(nexts, default=(None, None))
+    if offline:
+        if rec_at is None:
+            return NextWake(None, "no recurring definitions on the served queues")
+        return NextWake(rec_at, f"recurring {rec_key!r}", None, None, rec_at, rec_key)
+    from drainer.db import Queries, connect
+    from drainer.migrate import check_schema
+
+    with connect(settings) as conn:
+        q = Queries(conn, settings.schema_name, settings.table)
+        check_schema(q)
+        sync(q, definitions, queues, now)
+        remaining, next_due = q.queue_summary(queues)
+    if remaining:
+        return NextWake(now, f"{remaining} job{'' if remaining == 1 else 's'} due now",
+                        remaining, next_due, rec_at, rec_key)
+    candidates = [t for t in (next_due, rec_at) if t is not None]
+    if not candidates:
+        return NextWake(None, "nothing queued and no recurring definitions", 0, None)
+    at = min(candidates)
+    reason = (f"recurring {rec_key!r}" if rec_at is not None and at == rec_at
+              else "the next queued job is due")
+    return NextWake(at, reason, 0, next_due, rec_at, rec_key)
 
 
 def series_status(rows: Iterable[Mapping[str, Any]], definitions: Iterable[Definition],

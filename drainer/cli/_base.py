@@ -28,6 +28,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "run-once": ("db", "run"),
     "demo": ("db", "run"),
     "schedule": ("db", "run", "wake", "trigger", "schedule"),
+    "next-wake": ("db", "run"),
     "serve": ("db", "run", "trigger"),
     "worker": ("db", "run", "wake"),
     "audit": ("db", "wake"),

@@ -187,6 +187,38 @@ def _share_log_handlers() -> None:
         aps.addHandler(h)
 
 
+# -- next-wake ------------------------------------------------------------------------------------
+
+
+def configure_next_wake(sub: Any) -> None:
+    p = add_command(sub, "next-wake", "Print when the next drain is needed (ISO 8601, UTC), "
+                    "for one-shot schedules (EventBridge Scheduler at(), Cloud Tasks).",
+                    next_wake_command, description=(
+                        "Print when the next drain is needed, in UTC: now if jobs are due, "
+                        "else the earliest of the next queued job and the next occurrence "
+                        "of the app's recurring definitions; nothing (exit 0) when there is "
+                        "neither. One connection that syncs the definitions (as a drain's "
+                        "start does) and reads the queue; --offline computes from the "
+                        "definitions alone without connecting."))
+    p.add_argument("--offline", action="store_true", help="Do not connect: the next fire "
+                   "time of the recurring definitions only (retries and enqueued jobs are "
+                   "not seen).")
+    p.add_argument("--json", action="store_true", help="One JSON object: next_wake_at, "
+                   "reason, remaining_due, next_due_at, next_recurring_at, recurring_key.")
+
+
+def next_wake_command(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.recurring import next_wake
+
+    found = next_wake(settings, offline=args.offline)
+    if args.json:
+        print_json(found.as_dict())
+    elif found.at is not None:
+        sys.stdout.write(f"{found.at:%Y-%m-%dT%H:%M:%SZ}\n")
+        sys.stdout.flush()
+    return 0
+
+
 # -- serve ----------------------------------------------------------------------------------------
 
 
