@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from drainer.db import Queries
     from drainer.registry import Registry
     from drainer.settings import AnySettings
+    from drainer.waking import AwakeEstimate, IdleTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -368,6 +369,25 @@ def known_work_wakes(fires: Sequence[float], max_sleep_s: float, start: float, e
             wakes.append(f)
             last = f
     return wakes
+
+
+def known_work_estimate(definitions: Iterable[Definition], queues: Sequence[str],
+                        idle: IdleTimeout, max_sleep_s: float, max_drain_s: float | None,
+                        now: datetime) -> AwakeEstimate:
+    """``schedule --wake-policy known-work``'s awake estimate with the wakes the recurring
+    definitions cause (one per occurrence; the safety net only in longer gaps), over the
+    next week."""
+    from drainer.cron import CRON_HORIZON_S, CRON_MAX_FIRES
+    from drainer.waking import estimate_from_wakes
+
+    start = now.timestamp()
+    end = now + timedelta(seconds=CRON_HORIZON_S)
+    fires = occurrence_times(definitions, queues, now, end, CRON_MAX_FIRES)
+    window = CRON_HORIZON_S
+    if len(fires) >= CRON_MAX_FIRES:
+        window = fires[-1] - start or 1.0
+    wakes = known_work_wakes(fires, max_sleep_s, start, start + window)
+    return estimate_from_wakes(wakes[1:], start, window, idle, max_drain_s)
 
 
 @dataclass(frozen=True)

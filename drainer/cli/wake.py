@@ -7,11 +7,12 @@ only when these commands run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import sys
 import threading
-from datetime import tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import add_command
@@ -20,6 +21,7 @@ from drainer.errors import ConfigError
 
 if TYPE_CHECKING:
     from drainer.drain import RunReport
+    from drainer.recurring import Definition
     from drainer.scheduler import WakeSchedule
     from drainer.settings import Settings
     from drainer.waking import AwakeEstimate, IdleTimeout
@@ -93,7 +95,13 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
         token = trigger_token(settings, args.no_auth)
     elif args.no_auth:
         raise ConfigError("--no-auth only goes with --listen")
-    if policy == "known-work":
+    definitions = _served_definitions(settings)
+    if policy == "known-work" and definitions:
+        from drainer.recurring import known_work_estimate
+
+        estimate = known_work_estimate(definitions, [d.queue for d in definitions], idle,
+                                       settings.max_sleep, max_runtime, datetime.now(UTC))
+    elif policy == "known-work":
         estimate = estimate_interval(settings.max_sleep, 0.0, idle, max_runtime)
     else:
         estimate = wakes.estimate(idle, max_runtime)
@@ -115,8 +123,11 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
             out.write(f"  {when.isoformat()}\n")
         if listen is not None:
             out.write(f"triggers: POST http://{listen[0]}:{listen[1]}/drain drains at once\n")
+        for line in _describe_recurring(definitions, policy, idle):
+            out.write(line + "\n")
         out.write(f"max runtime of a run: {fmt_seconds(max_runtime)}\n")
-        out.write(_describe_estimate(estimate, policy, idle, listen is not None) + "\n")
+        out.write(_describe_estimate(estimate, policy, idle, listen is not None,
+                                     recurring=bool(definitions)) + "\n")
         return 0
 
     from drainer._signals import stop_on_signals
@@ -132,7 +143,8 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
         schedule_log.warning("a run that uses its full max runtime (%s) leaves less than the "
                              "idle timeout before the next wake: such wakes keep the compute "
                              "up until the next one", fmt_seconds(max_runtime))
-    schedule_log.info(_describe_estimate(estimate, policy, idle, listen is not None),
+    schedule_log.info(_describe_estimate(estimate, policy, idle, listen is not None,
+                                         recurring=bool(definitions)),
                       extra={"awake_estimate": estimate.as_dict(), "wake_policy": policy})
     run_settings = settings.model_copy(update={"max_runtime": max_runtime})
     _share_log_handlers()
@@ -158,17 +170,67 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _served_definitions(settings: Settings) -> list[Definition]:
+    """The recurring definitions of the queues this schedule serves (loads the app)."""
+    from drainer.drain import resolve_queues
+    from drainer.recurring import served
+    from drainer.registry import default_registry
+
+    if not settings.app and not default_registry.tasks:
+        return []
+    queues = resolve_queues(settings, default_registry)
+    return served(default_registry.schedules.values(), queues)
+
+
+def _describe_recurring(definitions: list[Definition], policy: str, idle: IdleTimeout
+                        ) -> list[str]:
+    """The dry run's lines on recurring definitions: each, and the wakes they cause."""
+    from drainer.recurring import occurrence_times
+    from drainer.waking import fmt_seconds
+
+    if not definitions:
+        return []
+    lines = [f"recurring definitions ({len(definitions)}):"]
+    now = datetime.now(UTC)
+    for d in definitions:
+        lines.append(f"  {d.describe()}, catch-up {d.catch_up}")
+        fires = occurrence_times([d], [d.queue], now, now + timedelta(days=7), limit=2000)
+        gap = min((b - a for a, b in itertools.pairwise(fires)), default=None)
+        if (policy == "known-work" and gap is not None and not idle.never_suspends
+                and gap <= idle.seconds):
+            lines.append(f"    fires as often as every {fmt_seconds(gap)}, not longer than the "
+                         f"{fmt_seconds(idle.seconds)} idle timeout: the compute will not "
+                         "suspend between its occurrences")
+    if policy == "known-work":
+        firsts = occurrence_times(definitions, [d.queue for d in definitions], now,
+                                  now + timedelta(days=366), limit=DRY_RUN_OCCURRENCES)
+        lines.append(f"next {len(firsts)} wakes for their occurrences (known-work wakes "
+                     "for each, and for nothing else when there is no other work):")
+        lines.extend(f"  {datetime.fromtimestamp(t, UTC).isoformat()}" for t in firsts)
+    else:
+        lines.append("  (wake policy always: an occurrence runs at the first tick after its "
+                     "fire time; it adds no wakes)")
+    return lines
+
+
+#: --dry-run lists this many wakes for recurring occurrences.
+DRY_RUN_OCCURRENCES = 5
+
+
 def _describe_estimate(estimate: AwakeEstimate, policy: str, idle: IdleTimeout,
-                       listening: bool) -> str:
-    """The estimate's line; with known-work, what it counts (the safety net) and what not."""
+                       listening: bool, *, recurring: bool = False) -> str:
+    """The estimate's line; with known-work, what it counts (the safety net and the
+    recurring occurrences) and what not."""
     from drainer.waking import fmt_seconds
 
     if policy != "known-work" or idle.never_suspends:
         return estimate.describe()
+    what = ("the recurring occurrences and the --max-sleep safety net in longer gaps"
+            if recurring else "the --max-sleep safety net only")
     trig = ("each triggered drain adds its drain time to the wake its producer already "
             "caused; " if listening else "")
     return (estimate.describe().replace("awake estimate:", "awake estimate (known-work, "
-                                        "with no work: the --max-sleep safety net only):", 1)
+                                        f"with no other work: {what}):", 1)
             + f"; {trig}each group of due retries or left work adds about drain time + "
             f"{fmt_seconds(idle.seconds)}")
 
