@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import threading
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import add_command
@@ -100,7 +100,7 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
         from drainer.recurring import known_work_estimate
 
         estimate = known_work_estimate(definitions, [d.queue for d in definitions], idle,
-                                       settings.max_sleep, max_runtime, datetime.now(UTC))
+                                       settings.max_sleep, max_runtime, datetime.now(timezone.utc))
     elif policy == "known-work":
         estimate = estimate_interval(settings.max_sleep, 0.0, idle, max_runtime)
     else:
@@ -191,7 +191,7 @@ def _describe_recurring(definitions: list[Definition], policy: str, idle: IdleTi
     if not definitions:
         return []
     lines = [f"recurring definitions ({len(definitions)}):"]
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     for d in definitions:
         lines.append(f"  {d.describe()}, catch-up {d.catch_up}")
         fires = occurrence_times([d], [d.queue], now, now + timedelta(days=7), limit=2000)
@@ -206,7 +206,7 @@ def _describe_recurring(definitions: list[Definition], policy: str, idle: IdleTi
                                   now + timedelta(days=366), limit=DRY_RUN_OCCURRENCES)
         lines.append(f"next {len(firsts)} wakes for their occurrences (known-work wakes "
                      "for each, and for nothing else when there is no other work):")
-        lines.extend(f"  {datetime.fromtimestamp(t, UTC).isoformat()}" for t in firsts)
+        lines.extend(f"  {datetime.fromtimestamp(t, timezone.utc).isoformat()}" for t in firsts)
     else:
         lines.append("  (wake policy always: an occurrence runs at the first tick after its "
                      "fire time; it adds no wakes)")
