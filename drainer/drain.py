@@ -23,6 +23,7 @@ from drainer import db
 from drainer._signals import on_stop_signals
 from drainer.maintenance import archiver, reaper, vacuum
 from drainer.migrate import check_schema
+from drainer.recurring import DrainSync
 from drainer.registry import Job, Registry, Task, default_registry, load_app
 
 if TYPE_CHECKING:
@@ -918,8 +919,11 @@ def run_once(
             drain.progress = progress
             check_schema(drain.q)
             logger.debug("drain started", extra={"run_id": report.run_id, "queues": queues})
-            report.reaped = reaper.run_once(drain.q, queues).reaped
+            # the reaper's statement also syncs the recurring definitions (drainer.recurring)
+            schedules = DrainSync(registry.schedules.values(), queues)
+            report.reaped = reaper.result_of(schedules.start(drain.q)).reaped
             drain.run()
+            report.reaped += len(schedules.finish(drain.q))
             if not stop.is_set() and settings.archive_mode == "delete":
                 # archive, table health and what is left in one statement
                 fin = drain.q.finish_run(queues, settings.archive_after,

@@ -44,7 +44,7 @@ import json
 import logging
 import sys
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
@@ -326,6 +326,39 @@ def sync(q: Queries, definitions: Iterable[Definition], queues: Sequence[str],
                     ", ".join(f"{v} {k}" for k, v in result.as_dict().items() if v),
                     extra=result.as_dict())
     return reaped, result
+
+
+class DrainSync:
+    """What a drain does with the recurring definitions of the queues it serves.
+
+    :meth:`start` replaces the reaper's statement with ``reap_expired_and_sync`` (same
+    round trips). Every occurrence that was due then has its successor in the table (the
+    first fire time after the start). One that came due *during* the run may have run
+    without one, so :meth:`finish`, before the run reads what is left, syncs once more,
+    but only if the run lasted past the earliest of those fire times.
+    """
+
+    def __init__(self, definitions: Iterable[Definition], queues: Sequence[str],
+                 clock: Callable[[], datetime] | None = None) -> None:
+        self.queues = list(queues)
+        self.definitions = served(definitions, self.queues)
+        self.clock = clock or (lambda: datetime.now(_UTC))
+        self.first_next: datetime | None = None
+        self.syncs = 0
+
+    def start(self, q: Queries) -> list[tuple[int, str, int]]:
+        """Reap and sync; the reaped rows (id, status, attempts)."""
+        now = self.clock()
+        reaped, _ = sync(q, self.definitions, self.queues, now)
+        self.syncs += 1
+        self.first_next = next_fire(self.definitions, self.queues, now)
+        return reaped
+
+    def finish(self, q: Queries) -> list[tuple[int, str, int]]:
+        """Sync again if an occurrence may have come due during the run; reaped rows."""
+        if self.first_next is None or self.clock() < self.first_next:
+            return []
+        return self.start(q)
 
 
 def next_fire(definitions: Iterable[Definition], queues: Sequence[str], now: datetime

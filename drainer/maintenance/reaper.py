@@ -20,7 +20,12 @@ class ReapResult:
 
 def run_once(queries: Queries, queues: Sequence[str]) -> ReapResult:
     """Reap the expired leases of ``queues`` (a worker died or stalled past its lease)."""
-    rows = queries.reap_expired(queues)
+    return result_of(queries.reap_expired(queues))
+
+
+def result_of(rows: Sequence[tuple[int, str, int]]) -> ReapResult:
+    """The counts (and the log line) of reaped rows (id, status, attempts): those of
+    ``reap_expired``, or of ``reap_expired_and_sync`` at the start of a drain."""
     failed = sum(1 for _id, status, _attempts in rows if status == "failed")
     if rows:
         logger.info("reaped %d expired leases (%d back to queued, %d failed at max_attempts)",
