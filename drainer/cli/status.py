@@ -31,6 +31,11 @@ def configure_status(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="Print one JSON object on stdout "
                    "(the default when stdout is not a terminal; on a terminal the output is "
                    "a readable table).")
+    # the one drain setting status reads: its recurring definitions, listed with the table's
+    p.add_argument("--app", dest="app", metavar="MODULE", default=argparse.SUPPRESS,
+                   help="The app module (as for run-once, env DRAINER_APP): its recurring "
+                   "definitions are listed with their next fire time and last outcome, and "
+                   "series whose queue has no handler there are marked unserved.")
 
 
 def status_command(args: argparse.Namespace, settings: Settings) -> int:
