@@ -3,6 +3,12 @@
     python3 dev.py bench                 # full size: 20,000 jobs, 3 repetitions, the peers
     python3 dev.py bench --quick         # smaller sizes, same tables (a few minutes)
     python3 dev.py bench --smoke --no-peers   # tiny, what CI runs (seconds)
+    python3 dev.py bench --only link-drain,link-empty,io --rtt 0,10   # across a link; I/O
+
+The link-drain and link-empty sections run each contender through a delay proxy on loopback
+(bench/proxy.py) at every ``--rtt``, beside the local (direct) rows, and report compute-seconds:
+how long the server sessions were held. The io section drains jobs that wait 50 ms, async and
+sync, against Little's law.
 
 Each contender drains its own schema (drainer, the plain loop, pgbench) or its own database
 (procrastinate, pgqueuer) in the database ``drainer_bench`` and its siblings, created when
@@ -51,10 +57,13 @@ from bench.core import (
     log,
     run_timed,
 )
+from bench.io_bound import DEFAULT_PLAN, parse_plan, section_io
+from bench.link import section_link_drain, section_link_empty
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 HAVE_PGBENCH = shutil.which("pgbench") is not None
-SECTIONS = ["drain", "multi", "cold", "enqueue", "history", "batch", "long"]
+SECTIONS = ["drain", "multi", "cold", "enqueue", "history", "batch", "long", "link-drain",
+            "link-empty", "io"]
 
 
 # -- the race -------------------------------------------------------------------------------------
@@ -438,6 +447,11 @@ class Ctx:
         self.long_n: int = args.long_jobs
         self.long_repeat: int = args.long_repeat
         self.cold_repeat: int = 1 if args.smoke else max(args.repeat, 5)
+        self.rtts: list[float] = args.rtt
+        self.io_n: int = args.io_jobs
+        self.io_sleep: float = args.io_sleep
+        self.io_plan: list[tuple[str, int]] = args.io_plan
+        self.io_repeat: int = args.io_repeat or args.repeat
         self.db = ensure_database(self.server, args.database)
         self.results: dict[str, Any] = {}
 
@@ -461,6 +475,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-repeat", type=int, default=1, help="Repetitions of the long drain.")
     p.add_argument("--best", default="--batch-size 50",
                    help="drainer flags of the 'best settings' contender [%(default)s].")
+    p.add_argument("--rtt", type=_rtts, default=[0.0, 10.0], metavar="MS[,MS...]",
+                   help="Round-trip times of the link-drain and link-empty sections, in ms, "
+                   "through the delay proxy [0,10].")
+    p.add_argument("--io-jobs", type=int, default=4_000, help="Jobs of the io section [4,000].")
+    p.add_argument("--io-repeat", type=int, default=None,
+                   help="Repetitions of each io contender [--repeat]; procrastinate takes "
+                   "20-80 s per run of 4,000 jobs.")
+    p.add_argument("--io-sleep", type=float, default=0.05,
+                   help="Seconds each io job waits [0.05].")
+    p.add_argument("--io-plan", type=_io_plan, default=parse_plan(DEFAULT_PLAN),
+                   metavar="KIND:C[,...]",
+                   help=f"Handler kinds and concurrencies of the io section [{DEFAULT_PLAN}].")
     p.add_argument("--no-peers", dest="peers", action="store_false",
                    help="Skip procrastinate and pgqueuer (no venv, no install).")
     p.add_argument("--only", default=",".join(SECTIONS),
@@ -469,7 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Smaller sizes: 5,000 jobs, 20,000 enqueued, 200,000 history, "
                    "50,000 long.")
     p.add_argument("--smoke", action="store_true",
-                   help="Tiny sizes for CI (seconds): 200 jobs, 1 repetition, no long drain.")
+                   help="Tiny sizes for CI (seconds): 200 jobs, 1 repetition, a 1,000-job "
+                   "long drain, io 200 jobs at async:50,sync:20, RTT 2 ms.")
     p.add_argument("--output", type=Path, default=None,
                    help="Also write the tables and raw figures here (.md and .json).")
     return p
@@ -483,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.jobs, args.repeat, args.enqueue_jobs, args.history, args.long_jobs = \
             200, 1, 500, 2_000, 1_000
+        args.io_jobs, args.io_plan = 200, parse_plan("async:50,sync:20")
+        if "--rtt" not in " ".join(argv if argv is not None else sys.argv[1:]):
+            args.rtt = [2.0]
     args.batch_jobs = args.batch_jobs or args.jobs
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(sections) - set(SECTIONS)
@@ -509,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     fns: dict[str, Callable[[Ctx], list[str]]] = {
         "drain": section_drain, "multi": section_multi, "cold": section_cold,
         "enqueue": section_enqueue, "history": section_history, "batch": section_batch,
-        "long": section_long,
+        "long": section_long, "link-drain": section_link_drain,
+        "link-empty": section_link_empty, "io": section_io,
     }
     for name in sections:
         log(f"section {name}")
@@ -520,8 +551,30 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.output is not None:
         args.output.with_suffix(".md").write_text(text + "\n")
-        args.output.with_suffix(".json").write_text(json.dumps(ctx.results, indent=1) + "\n")
+        meta = {"command": f"python3 dev.py bench {' '.join(shown_args)}",
+                "date": f"{started:%Y-%m-%d %H:%M} UTC", "rtt_ms": ctx.rtts,
+                "cpus": os.cpu_count(), "python": platform.python_version(),
+                "load_average_end": list(os.getloadavg())}
+        args.output.with_suffix(".json").write_text(
+            json.dumps({"meta": meta, **ctx.results}, indent=1) + "\n")
     return 0
+
+
+def _rtts(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of milliseconds: {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"not a list of milliseconds: {text!r}")
+    return values
+
+
+def _io_plan(text: str) -> list[tuple[str, int]]:
+    try:
+        return parse_plan(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _server_version(server: str) -> str:

@@ -24,6 +24,11 @@ class Contender:
     url: str
     schema: str
     queues: list[str] = field(default_factory=lambda: ["bench"])
+    via: str | None = None  # the URL its runs connect to (a delay proxy), when not ``url``
+
+    @property
+    def run_url(self) -> str:
+        return self.via or self.url
 
     def setup(self) -> None:
         fresh_schema(self.url, self.schema)
@@ -91,7 +96,7 @@ class Drainer(Contender):
 
     def env(self) -> dict[str, str]:
         return {
-            "DRAINER_DATABASE_URL": self.url, "DRAINER_SCHEMA": self.schema,
+            "DRAINER_DATABASE_URL": self.run_url, "DRAINER_SCHEMA": self.schema,
             "DRAINER_APP": self.app, "DRAINER_LOG_LEVEL": "WARNING",
             "PYTHONPATH": str(ROOT), "DRAINER_CONNECT_RETRIES": "0",
         }
@@ -171,10 +176,10 @@ class Procrastinate(Contender):
     def setup(self) -> None:
         if not _sql(self.url, "SELECT to_regclass('procrastinate_jobs') IS NOT NULL")[0][0]:
             run_timed([str(PEERS_BIN / "procrastinate"), "--app=bench.peer_procrastinate.app",
-                       "schema", "--apply"], self.env())
+                       "schema", "--apply"], {"BENCH_DSN": self.url, "PYTHONPATH": str(ROOT)})
 
     def env(self) -> dict[str, str]:
-        return {"BENCH_DSN": self.url, "PYTHONPATH": str(ROOT)}
+        return {"BENCH_DSN": self.run_url, "PYTHONPATH": str(ROOT)}
 
     def reset(self, n: int) -> None:
         _sql(self.url,
@@ -212,7 +217,7 @@ class Pgqueuer(Contender):
              "VACUUM (ANALYZE) pgqueuer")
 
     def run(self, n: int) -> Timed:
-        return run_timed([str(PEERS_BIN / "python"), "-m", "bench.peer_pgqueuer", self.url],
+        return run_timed([str(PEERS_BIN / "python"), "-m", "bench.peer_pgqueuer", self.run_url],
                          {"PYTHONPATH": str(ROOT)})
 
     def check(self, n: int, timed: Timed) -> str | None:

@@ -6,7 +6,7 @@ import logging
 import re
 import selectors
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -19,7 +19,7 @@ from drainer._redact import redact
 from drainer.errors import ConfigError, DatabaseUnavailable
 
 if TYPE_CHECKING:
-    from drainer.settings import AnySettings
+    from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def regclass_literal(schema: str, table: str) -> str:
     return '"{}"."{}"'.format(schema.replace('"', '""'), table.replace('"', '""'))
 
 
-def connect(settings: AnySettings, *, purpose: str = "work") -> psycopg.Connection[Any]:
+def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[Any]:
     """Open one autocommit connection with drainer's session settings.
 
     Retries with exponential backoff (0.5 s, 1 s, 2 s, ...) while the server cannot be
@@ -455,8 +455,8 @@ class ClaimPipeline:
         return written, rows
 
     def close(self) -> list[tuple[set[int], list[ClaimedRow]] | BaseException]:
-        """Read every statement still in flight (results or errors, in order); the
-        connection is then free for other statements."""
+        """Read every statement still in flight (results or errors, in order; a broken
+        connection raises at once); the connection is then free for other statements."""
         out: list[tuple[set[int], list[ClaimedRow]] | BaseException] = []
         while self.in_flight:
             try:
@@ -515,12 +515,3 @@ def _results(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
         out.append(res)
     return out
 
-
-def as_lists(pairs: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
-    """Split ``(id, attempts)`` pairs into the two arrays the *_many statements take."""
-    ids: list[int] = []
-    attempts: list[int] = []
-    for i, a in pairs:
-        ids.append(i)
-        attempts.append(a)
-    return ids, attempts

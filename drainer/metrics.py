@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from drainer.errors import DrainerError
 
 if TYPE_CHECKING:
-    from drainer.drain import RunReport
-    from drainer.settings import AnySettings
+    from drainer.drain.report import RunReport
+    from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +34,12 @@ OUTCOMES = ("claimed", "succeeded", "retried", "failed", "released", "reaped", "
             "lost")
 
 
-def grouping_key(settings: AnySettings) -> dict[str, str]:
+def grouping_key(settings: Settings) -> dict[str, str]:
     """The labels that name this drainer's group on the gateway (besides ``job``)."""
     return {"instance": settings.pushgateway_instance or socket.gethostname()}
 
 
-def build_registry(settings: AnySettings, report: RunReport, *, now: float | None = None
+def build_registry(settings: Settings, report: RunReport, *, now: float | None = None
                    ) -> Any:
     """A prometheus_client CollectorRegistry holding the report as gauges."""
     try:
@@ -87,7 +87,7 @@ def build_registry(settings: AnySettings, report: RunReport, *, now: float | Non
     return registry
 
 
-def push_report(settings: AnySettings, report: RunReport) -> None:
+def push_report(settings: Settings, report: RunReport) -> None:
     """Push the run report to ``settings.pushgateway_url`` (PUT: replaces the group).
 
     Raises on failure; ``run_once`` logs it as a warning and the run still succeeds.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TextIO
 from drainer.logs import is_tty
 
 if TYPE_CHECKING:
-    from drainer.drain import RunReport
+    from drainer.drain.report import RunReport
 
 #: Seconds a drain runs before the line appears (short drains print nothing).
 SHOW_AFTER_S = 1.0

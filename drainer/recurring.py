@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from drainer.cron import CronExpr
     from drainer.db import Queries
     from drainer.registry import Registry
-    from drainer.settings import AnySettings
+    from drainer.settings import Settings
     from drainer.waking import AwakeEstimate, IdleTimeout
 
 logger = logging.getLogger(__name__)
@@ -441,7 +441,7 @@ class NextWake:
                 "recurring_key": self.recurring_key}
 
 
-def next_wake(settings: AnySettings, registry: Registry | None = None, *,
+def next_wake(settings: Settings, registry: Registry | None = None, *,
               offline: bool = False, now: datetime | None = None) -> NextWake:
     """When the next drain is needed, for platforms that take a one-shot schedule.
 

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AliasChoices,
@@ -387,10 +387,6 @@ def _customise(
 
 
 Settings.settings_customise_sources = classmethod(_customise)  # type: ignore[assignment,method-assign]
-
-#: The old name of what the library's functions take (there was a second settings type
-#: once); new code says ``Settings``.
-AnySettings: TypeAlias = Settings
 
 
 def read_pyproject(field_names: set[str] | frozenset[str]) -> dict[str, Any]:

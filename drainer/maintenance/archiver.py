@@ -10,9 +10,31 @@ from typing import TYPE_CHECKING
 from drainer.db import Queries
 
 if TYPE_CHECKING:
-    from drainer.settings import AnySettings
+    from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+#: Done jobs are archived this many seconds after they finished (``--archive-after``).
+ARCHIVE_AFTER_DEFAULT = 7 * 86400.0
+#: Failed jobs (the dead-letter queue) are kept this long (``--failed-retention``).
+FAILED_RETENTION_DEFAULT = 30 * 86400.0
+#: Rows one archive statement handles at most (``--archive-batch-size``).
+ARCHIVE_BATCH_DEFAULT = 10_000
+
+
+@dataclass(frozen=True)
+class ArchiverConfig:
+    """What the archiver does: ``mode`` delete, move (to the archive table) or off."""
+
+    mode: str = "delete"
+    archive_after: float = ARCHIVE_AFTER_DEFAULT
+    failed_retention: float = FAILED_RETENTION_DEFAULT
+    batch_size: int = ARCHIVE_BATCH_DEFAULT
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ArchiverConfig:
+        return cls(settings.archive_mode, settings.archive_after, settings.failed_retention,
+                   settings.archive_batch_size)
 
 
 @dataclass(frozen=True)
@@ -23,26 +45,26 @@ class ArchiveResult:
     statements: int
 
 
-def run_once(queries: Queries, settings: AnySettings, *, deadline: float | None = None
+def run_once(queries: Queries, config: ArchiverConfig, *, deadline: float | None = None
              ) -> ArchiveResult:
     """Archive ``done`` jobs finished more than ``archive_after`` ago and ``failed`` jobs
     (the dead-letter queue) finished more than ``failed_retention`` ago.
 
-    Each statement handles at most ``archive_batch_size`` rows, so no statement holds
+    Each statement handles at most ``batch_size`` rows, so no statement holds
     locks or bloats WAL for long; stops early at ``deadline`` (``time.monotonic()``).
     """
-    if settings.archive_mode == "off":
+    if config.mode == "off":
         return ArchiveResult(0, 0, 0, 0)
-    move = settings.archive_mode == "move"
+    move = config.mode == "move"
     counts = {"done": 0, "failed": 0}
     statements = 0
-    for status, older_than in (("done", settings.archive_after),
-                               ("failed", settings.failed_retention)):
+    for status, older_than in (("done", config.archive_after),
+                               ("failed", config.failed_retention)):
         while True:
-            n = queries.archive_batch(status, older_than, settings.archive_batch_size, move)
+            n = queries.archive_batch(status, older_than, config.batch_size, move)
             statements += 1
             counts[status] += n
-            if n < settings.archive_batch_size:
+            if n < config.batch_size:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 break
@@ -50,14 +72,14 @@ def run_once(queries: Queries, settings: AnySettings, *, deadline: float | None 
                                  counts["failed"], statements), move)
 
 
-def run_once_after(queries: Queries, settings: AnySettings, done: int, failed: int,
+def run_once_after(queries: Queries, config: ArchiverConfig, done: int, failed: int,
                    *, deadline: float | None = None) -> ArchiveResult:
     """The archiver after finish_run deleted a first batch of ``done`` and ``failed`` jobs:
     goes on only when a batch came back full (archive-mode delete)."""
     first = ArchiveResult(done + failed, done, failed, 1)
-    if max(done, failed) < settings.archive_batch_size:
+    if max(done, failed) < config.batch_size:
         return _logged(first, False)
-    more = run_once(queries, settings, deadline=deadline)
+    more = run_once(queries, config, deadline=deadline)
     return ArchiveResult(first.archived + more.archived, done + more.done,
                          failed + more.failed, 1 + more.statements)
 

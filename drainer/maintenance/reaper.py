@@ -1,4 +1,8 @@
-"""The reaper: expired leases go back to queued, or to failed at max_attempts."""
+"""The reaper: expired leases go back to queued, or to failed at max_attempts.
+
+It has no settings of its own: a lease expires when ``locked_until`` passes (the lease is
+the task's or ``--lease``), and it reaps the queues the drain claims.
+"""
 
 from __future__ import annotations
 

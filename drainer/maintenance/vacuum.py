@@ -4,20 +4,37 @@ compute that suspends."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from drainer.db import Queries
+from psycopg.pq import TransactionStatus
+
+from drainer.db import Queries, _one_line
 
 logger = logging.getLogger(__name__)
+#: The VACUUM between batches logs as part of the drain (its lines predate this module).
+drain_logger = logging.getLogger("drainer.drain")
 
 #: ANALYZE with the VACUUM when more rows changed since the last ANALYZE than this many plus
 #: ANALYZE_SCALE of the table: autovacuum's own rule (autovacuum_analyze_threshold and
 #: autovacuum_analyze_scale_factor at their defaults).
 ANALYZE_BASE = 50
 ANALYZE_SCALE = 0.1
+#: After a drain, VACUUM when the table has at least this many dead tuples (0: never).
+VACUUM_THRESHOLD_DEFAULT = 1_000
+#: During a drain, VACUUM between batches after every this many finished jobs (0: never).
+VACUUM_EVERY_DEFAULT = 20_000
+
+
+@dataclass(frozen=True)
+class VacuumConfig:
+    """When drainer vacuums the jobs table (``--vacuum-threshold``, ``--vacuum-every``)."""
+
+    threshold: int = VACUUM_THRESHOLD_DEFAULT
+    every: int = VACUUM_EVERY_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -63,3 +80,46 @@ def run_once(queries: Queries, threshold: int, health: Mapping[str, Any] | None 
     logger.info("vacuumed %s%s.%s (%d dead tuples)", "and analyzed " if analyze else "",
                 queries.schema, queries.table, dead)
     return VacuumResult(True, dead, last_auto, analyzed=analyze)
+
+
+class BetweenBatches:
+    """VACUUM between batches of a long drain (no transaction open): claimed jobs leave dead
+    entries at the head of the claim index, which every later claim walks until a VACUUM
+    clears them (measured: the last 10% of a 200,000-job drain ran at half the rate of
+    the first)."""
+
+    def __init__(self, queries: Queries, every: int) -> None:
+        self.q = queries
+        self.every = every
+        self.vacuumed_at = 0  # finished jobs at the last VACUUM during this drain
+        self.allowed: bool | None = None  # unknown until the first one is due
+
+    def due(self, finished: int) -> bool:
+        """Whether ``every`` jobs finished since the last VACUUM (and we may vacuum)."""
+        if not self.every or self.allowed is False:
+            return False
+        return finished - self.vacuumed_at >= self.every
+
+    def run_once(self, finished: int) -> bool:
+        """VACUUM now (``finished`` jobs so far); False when it did not (a transaction is
+        open, the role does not own the table, or the VACUUM failed)."""
+        if self.q.conn.info.transaction_status != TransactionStatus.IDLE:
+            return False
+        self.vacuumed_at = finished
+        if self.allowed is None:
+            self.allowed = bool(self.q.table_health().get("can_vacuum"))
+            if not self.allowed:
+                drain_logger.info("not vacuuming during the drain: drainer's role does not own the "
+                            "jobs table")
+                return False
+        started = time.monotonic()
+        try:
+            self.q.vacuum_during_drain()
+        except Exception as exc:  # a maintenance nicety: never fail the drain for it
+            self.allowed = False
+            drain_logger.warning("VACUUM during the drain failed, not trying again this run: %s",
+                           _one_line(exc))
+            return False
+        drain_logger.debug("vacuumed the jobs table after %d finished jobs in %.3fs", finished,
+                     time.monotonic() - started)
+        return True

@@ -30,12 +30,6 @@ WHERE j.id = ANY (ARRAY(SELECT id FROM next))
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
           j.locked_until;
 
--- name: complete
--- One job succeeded.
-UPDATE {jobs}
-SET status = 'done', locked_until = NULL, finished_at = now()
-WHERE id = %(id)s AND status = 'running' AND attempts = %(attempts)s;
-
 -- name: complete_many
 -- A batch of jobs succeeded: one statement for all of them. Returns the ids written.
 UPDATE {jobs} j

@@ -32,3 +32,37 @@ def test_bench_smoke_prints_the_tables(pg_url: str, tmp_path: Path) -> None:
         assert len(values) == 1, name
     assert results["cold"]["left"]["drainer run-once"] == [0]
     assert results["cold"]["connections"]["drainer run-once"] == [1]
+
+
+def test_bench_smoke_of_the_link_and_io_sections(pg_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "smoke-link"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--no-peers", "--server", pg_url,
+         "--database", "drainer_bench_smoke", "--only", "link-drain,link-empty,io",
+         "--output", str(out)],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = proc.stdout
+    assert "### Drain across a link: 200 no-op jobs" in text
+    assert "| drainer run-once (defaults) | proxy, RTT 2 ms |" in text
+    assert "| drainer run-once (defaults) | local (direct) |" in text
+    assert "### Empty queue across a link" in text
+    assert "| drainer run-once, 300 queues | proxy, RTT 2 ms |" in text
+    assert "### Handlers that wait on I/O: 200 jobs of 50 ms each" in text
+    assert "INVALID" not in proc.stderr, proc.stderr[-2000:]
+    results = json.loads(out.with_suffix(".json").read_text())
+    runs = {(r["contender"], r["rtt_ms"]): r for r in results["link_drain"]["runs"]}
+    linked = runs[("drainer run-once (defaults)", 2.0)]
+    assert len(linked["jobs_per_s"]) == 1 and linked["connections"] == [1]
+    assert linked["compute_s_per_1000"][0] > 0 and linked["statements"][0] > 0
+    assert len(runs[("drainer run-once (defaults)", None)]["jobs_per_s"]) == 1
+    empty = {r["command"]: r for r in results["link_empty"]}
+    for k in ("1 queue", "50 queues", "300 queues"):
+        row = empty[f"drainer run-once, {k}"]
+        assert len(row["held_s"]) == 1 and row["held_s"][0] > 0, row
+        assert row["connections"] == [1], row
+    io = {(r["handlers"], r["concurrency"]): r for r in results["io"]["runs"]}
+    assert set(io) == {("async", 50), ("sync", 20)}
+    for row in io.values():
+        assert len(row["jobs_per_s"]) == 1 and row["ideal_jobs_per_s"] > 0, row

@@ -4,6 +4,7 @@ commands that do not load what they do not use."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,16 +81,17 @@ def test_argparse_only_in_the_cli_package() -> None:
     assert not outside, outside
 
 
-def _fresh(code: str) -> str:
+def _fresh(code: str, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+                          cwd=ROOT, timeout=120, env=None if env is None else {**os.environ, **env})
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
 
 def test_each_module_imports_on_its_own() -> None:
     """Every module, imported first in a clean state, loads (an import order that only
-    works because another module came first would fail here)."""
+    works because another module came first would fail here). drainer.contrib.django's
+    modules run inside a Django project: the test project's settings are named for them."""
     out = _fresh(
         "import importlib, sys\n"
         f"names = {sorted(set(MODULES) - {'drainer.__main__'})!r}\n"  # that one runs main()
@@ -101,7 +103,8 @@ def test_each_module_imports_on_its_own() -> None:
         "        importlib.import_module(name)\n"
         "    except Exception as exc:\n"
         "        failed.append(f'{name}: {type(exc).__name__}: {exc}')\n"
-        "print(failed)\n")
+        "print(failed)\n",
+        env={"DJANGO_SETTINGS_MODULE": "tests.contrib.django_project.settings"})
     assert out == "[]"
 
 

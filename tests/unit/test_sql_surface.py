@@ -5,9 +5,9 @@ from __future__ import annotations
 from drainer.db import QUERIES
 
 LIFECYCLE = {
-    "claim_batch", "complete", "complete_many", "fail_many", "extend_many", "release_many",
-    "reap_expired", "archive_delete", "archive_move", "queue_summary", "status_counts",
-    "enqueue",
+    "claim_batch", "complete_many", "complete_many_and_claim", "fail_many", "extend_many",
+    "release_many", "reap_expired", "archive_delete", "archive_move", "queue_summary",
+    "status_counts", "enqueue",
 }
 
 
@@ -24,11 +24,14 @@ def test_claim_uses_skip_locked_cte_and_lease() -> None:
 
 
 def test_fenced_statements_check_status_and_attempts() -> None:
-    for name in ("complete", "complete_many", "fail_many", "extend_many", "release_many",
+    for name in ("complete_many", "fail_many", "extend_many", "release_many",
                  "delete_completed_many"):
         text = QUERIES[name]
         assert "status = 'running'" in text, name
         assert "attempts = " in text, name
+    # the combined statement's status is a parameter, always 'running' (see queries.sql)
+    combined = QUERIES["complete_many_and_claim"]
+    assert "j.status = %(running)s::text AND j.attempts = o.attempts" in combined
 
 
 def test_no_table_name_is_pasted() -> None:

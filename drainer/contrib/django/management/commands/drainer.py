@@ -16,14 +16,13 @@ is ``drainer.contrib.django.autodiscover``: each installed app's ``jobs.py``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.connection import ConnectionDoesNotExist
 
 AUTODISCOVER = "drainer.contrib.django.autodiscover"
@@ -94,9 +93,10 @@ class Command(BaseCommand):  # type: ignore[misc]
         if code:
             sys.exit(code)
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # call_command()
+    def add_arguments(self, parser: CommandParser) -> None:  # call_command()
+        # drainer parses its own flags (drainer.cli): Django only passes the rest through
         parser.add_argument("--database", default="default")
-        parser.add_argument("drainer_args", nargs=argparse.REMAINDER)
+        parser.add_argument("drainer_args", nargs="...")  # argparse.REMAINDER
 
     def handle(self, *args: Any, **options: Any) -> None:
         code = run(options["drainer_args"], options["database"])

@@ -1,0 +1,268 @@
+"""Claiming: which queue next, how many, and the three ways a claim goes out.
+
+- in step: ``claim_batch``, queue after queue, waiting for the rows;
+- combined: the buffered successes and the claim in one statement
+  (``complete_many_and_claim``: one round trip and one commit a batch);
+- ahead: the same combined statement sent while the batch in hand runs, read later
+  (:class:`drainer.db.ClaimPipeline`).
+
+:class:`Claims` is the one interface over the three; every claim, whichever way it went,
+is counted in one place (:meth:`Claims._took`), which also moves the queue cursor. A
+claim across many queues in one statement, or a claim size that adapts to the batch
+time, fits behind the same methods.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from drainer import db
+from drainer.drain.outcomes import Outcomes
+from drainer.drain.report import RunReport
+from drainer.drain.statements import Pipeline, Statements
+
+if TYPE_CHECKING:
+    from drainer.drain.handlers import Outcome
+    from drainer.registry import Task
+
+logger = logging.getLogger("drainer.drain")
+
+#: Statements are sent ahead (the next batch claimed while this one runs) only while a batch
+#: takes at most this long.
+PIPELINE_MAX_BATCH_S = 0.1
+
+Batch = list[tuple["Task", db.ClaimedRow]]
+
+
+def claim_size(batch_size: int, max_jobs: int | None, claimed: int, ahead: int = 0) -> int:
+    """The next claim's size: a batch, or what is left under --max-jobs, less the sizes of
+    the claims still in flight (``ahead``): a whole batch in flight leaves no room."""
+    size = batch_size if max_jobs is None else min(batch_size, max_jobs - claimed)
+    return size - ahead
+
+
+def next_queue(idx: int, n: int, size: int, got: int) -> int:
+    """Stay on a queue while it fills whole batches; move on when it runs dry."""
+    return idx if got == size else (idx + 1) % n
+
+
+class BatchClock:
+    """How long batches take: claims go ahead only while a batch takes at most
+    PIPELINE_MAX_BATCH_S (then a round trip is a large share of a batch, and claiming
+    ahead holds few jobs away from other drainers for little time)."""
+
+    def __init__(self, limit: float = PIPELINE_MAX_BATCH_S) -> None:
+        self.limit = limit
+        self.started: float | None = None  # when the batch in hand was handed over
+        self.last: float | None = None  # how long the last batch took to run
+
+    def start(self, now: float) -> None:
+        if self.started is None:
+            self.started = now
+
+    def finish(self, now: float) -> None:
+        if self.started is not None:
+            self.last = now - self.started
+            self.started = None
+
+    def fast(self) -> bool:
+        """The last batch ran fast enough to claim the next ahead of it."""
+        return self.last is not None and self.last <= self.limit
+
+    def slow_now(self, now: float) -> bool:
+        """The batch in hand has run too long to keep claims ahead in the socket."""
+        return self.started is not None and now - self.started > self.limit
+
+
+@dataclass
+class _Ahead:
+    """A combined statement in flight: the successes it writes, its claim."""
+
+    successes: list[Outcome]
+    idx: int
+    size: int
+
+
+class Claims:
+    """Claims for one drain over ``queues`` (in turn, starting at ``cursor``)."""
+
+    def __init__(self, statements: Statements, pipeline: Pipeline | None, outcomes: Outcomes,
+                 report: RunReport, tasks: dict[str, Task], *, batch_size: int,
+                 max_jobs: int | None, depth: int, combine: bool,
+                 lease: Callable[[Task], float],
+                 run_in_transaction: Callable[[Task, int], int]) -> None:
+        self.q = statements
+        self.pipeline = pipeline
+        self.outcomes = outcomes
+        self.report = report
+        self.queues = report.queues
+        self.tasks = tasks
+        self.batch_size = batch_size
+        self.max_jobs = max_jobs
+        self.depth = depth if pipeline is not None else 1
+        self.combine = combine  # successes may be written with a claim (not delete mode)
+        self.lease = lease
+        self.run_in_transaction = run_in_transaction
+        self.cursor = 0  # index in `queues` of the next claim
+        self.last_full = False  # the last claim filled its batch: claiming ahead may pay
+        self.ahead: list[_Ahead] = []
+
+    # -- sizes and queues ---------------------------------------------------------------------
+    def size(self) -> int:
+        return claim_size(self.batch_size, self.max_jobs, self.report.claimed,
+                          sum(a.size for a in self.ahead))
+
+    def _task(self, idx: int) -> Task:
+        return self.tasks[self.queues[idx]]
+
+    def _took(self, idx: int, size: int, got: int, *, in_step: bool = True,
+              stay: bool = False) -> None:
+        """Count a claim of ``got`` jobs (of ``size`` asked) from queue ``idx`` and move
+        the cursor (``stay``: on ``idx``, as after a transaction-mode batch)."""
+        self.report.claimed += got
+        full = got == size
+        self.last_full = full if in_step else self.last_full and full
+        if stay:
+            self.cursor = idx
+        elif got or in_step:
+            self.cursor = next_queue(idx, len(self.queues), size, got)
+
+    # -- in step ------------------------------------------------------------------------------
+    def claim(self, *, with_successes: bool = False) -> tuple[Batch, bool]:
+        """Claim the next batch now. Returns the rows (transaction-mode batches are run and
+        recorded right here) and whether anything was claimed (False: nothing due).
+
+        ``with_successes``: the buffered successes go in the same statement when the next
+        queue allows it (failures are written first, on their own).
+        """
+        assert not self.ahead, "claims in flight: receive them first"
+        start = self.cursor
+        if with_successes and self.can_combine():
+            if self.size() <= 0:
+                self.outcomes.write()
+                return [], False
+            self.outcomes.write_failures()
+            combined = self._combined(start)
+            if combined is not None:
+                return combined
+            if len(self.queues) == 1:
+                return [], False
+            return self._in_step((start + 1) % len(self.queues), len(self.queues) - 1)
+        return self._in_step(start, len(self.queues))
+
+    def can_combine(self) -> bool:
+        """Whether the successes can go with the next claim (of the queue at the cursor)."""
+        return bool(self.outcomes.ok) and self.combine and \
+            not self._task(self.cursor).transaction
+
+    def _in_step(self, start: int, tries: int) -> tuple[Batch, bool]:
+        n = len(self.queues)
+        for i in range(tries):
+            idx = (start + i) % n
+            task = self._task(idx)
+            size = self.size()
+            if size <= 0:  # --max-jobs reached: the drain ends
+                return [], False
+            if task.transaction:
+                got = self.run_in_transaction(task, size)
+                if got:
+                    self._took(idx, size, got, stay=True)
+                    return [], True
+                continue
+            rows = self.q.claim_batch(task.queue, size, self.lease(task))
+            if rows:
+                self._took(idx, size, len(rows))
+                return [(task, r) for r in rows], True
+        return [], False
+
+    def _combined(self, idx: int) -> tuple[Batch, bool] | None:
+        """Successes + claim of queue ``idx`` in one statement; None: nothing claimed there."""
+        task = self._task(idx)
+        size = self.size()
+        buf = self.outcomes.take_successes()
+        try:
+            written, rows = self.q.complete_many_and_claim(
+                [o.job.id for o in buf], [o.job.attempt for o in buf], task.queue, size,
+                self.lease(task))
+        except psycopg.errors.DeadlockDetected as exc:
+            # the statement rolled back whole (nothing completed, nothing claimed): write
+            # and claim in two statements instead, which cannot take part in a cycle
+            logger.warning("combined completion and claim deadlocked, retrying as two "
+                           "statements: %s", db._one_line(exc),
+                           extra={"run_id": self.report.run_id})
+            self.outcomes.put_back(buf)
+            self.outcomes.write()
+            return self._in_step(idx, len(self.queues))
+        self.outcomes.written(buf, written)
+        if not rows:
+            return None
+        self._took(idx, size, len(rows))
+        return [(task, r) for r in rows], True
+
+    # -- ahead --------------------------------------------------------------------------------
+    def can_send_ahead(self) -> bool:
+        """Whether a combined statement may go out now, ahead of the batch in hand (the
+        drain loop also asks whether batches run fast and nothing else is due)."""
+        return (self.depth >= 2 and self.last_full and not self.outcomes.failed
+                and len(self.ahead) < self.depth and self.combine
+                and not self._task(self.cursor).transaction and self.size() > 0)
+
+    def send_ahead(self) -> None:
+        """Send the buffered successes and the next claim without waiting for the result."""
+        assert self.pipeline is not None
+        task = self._task(self.cursor)
+        size = self.size()
+        buf = self.outcomes.take_successes()
+        self.pipeline.send([o.job.id for o in buf], [o.job.attempt for o in buf], task.queue,
+                           size, self.lease(task))
+        self.ahead.append(_Ahead(buf, self.cursor, size))
+
+    def receive(self) -> Batch:
+        """Read the oldest statement in flight: count what it wrote, return what it claimed."""
+        assert self.pipeline is not None
+        sent = self.ahead.pop(0)
+        try:
+            result = self.pipeline.receive()
+        except psycopg.errors.DeadlockDetected as exc:
+            return self._deadlocked(sent, exc)
+        return self._received(sent, result)
+
+    def settle(self) -> Batch:
+        """Read every statement in flight, so that the connection can run another; an
+        error is raised once all are read (their results count)."""
+        if not self.ahead:
+            return []
+        assert self.pipeline is not None
+        sent, self.ahead = self.ahead, []
+        batch: Batch = []
+        error: BaseException | None = None
+        for ahead, result in zip(sent, self.pipeline.close(), strict=True):
+            if isinstance(result, psycopg.errors.DeadlockDetected):
+                self._deadlocked(ahead, result)
+            elif isinstance(result, BaseException):
+                error = error or result
+            else:
+                batch.extend(self._received(ahead, result))
+        if error is not None:
+            raise error
+        return batch
+
+    def _received(self, sent: _Ahead, result: tuple[set[int], list[db.ClaimedRow]]) -> Batch:
+        written, rows = result
+        self.outcomes.written(sent.successes, written)
+        self._took(sent.idx, sent.size, len(rows), in_step=False)
+        task = self._task(sent.idx)
+        return [(task, r) for r in rows]
+
+    def _deadlocked(self, sent: _Ahead, exc: BaseException) -> Batch:
+        # it rolled back whole: nothing written, nothing claimed; write them again later
+        logger.warning("pipelined completion and claim deadlocked, writing again: %s",
+                       db._one_line(exc), extra={"run_id": self.report.run_id})
+        self.outcomes.put_back(sent.successes)
+        self.last_full = False
+        return []

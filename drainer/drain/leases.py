@@ -1,0 +1,114 @@
+"""The heartbeat: extends the leases of claimed jobs, on a second connection opened only
+when a lease runs low."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from drainer import db
+from drainer.drain.handlers import Running
+from drainer.drain.report import job_extra
+from drainer.registry import Job
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from drainer.settings import Settings
+
+logger = logging.getLogger("drainer.drain")
+
+#: A heartbeat extends leases every lease * HEARTBEAT_FRACTION seconds.
+HEARTBEAT_FRACTION = 1 / 3
+
+
+def running_low(jobs: list[Running], now: float) -> list[Running]:
+    """The jobs whose lease has less than (1 - HEARTBEAT_FRACTION) of its length left."""
+    return [r for r in jobs if not r.done and not r.lost
+            and r.lease_expires - now < r.lease * (1 - HEARTBEAT_FRACTION)]
+
+
+class Heartbeat(threading.Thread):
+    """Every ``interval`` seconds, extends the leases running low among ``leases()`` (the
+    jobs claimed and not finished: running, or waiting to start)."""
+
+    def __init__(self, settings: Settings, run_id: str, interval: float,
+                 leases: Callable[[], list[Running]], lock: threading.Lock) -> None:
+        super().__init__(name="drainer-heartbeat", daemon=True)
+        self.settings = settings
+        self.run_id = run_id
+        self.interval = interval
+        self.leases = leases
+        self.leases_lock = lock  # guards what leases() reads
+        self.stopped = threading.Event()
+        self.conn: psycopg.Connection[Any] | None = None
+        self.queries: db.Queries | None = None
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                self.beat()
+            except Exception as exc:  # keep beating: the next tick may reconnect
+                logger.warning("heartbeat failed: %s", db._one_line(exc))
+                self._close()
+
+    def beat(self, only: list[Running] | None = None, seconds: float | None = None
+             ) -> set[int]:
+        """Extend leases about to run low (or ``only`` those given); return ids still ours."""
+        if only is None:
+            with self.leases_lock:
+                candidates = running_low(self.leases(), time.monotonic())
+        else:
+            candidates = only
+        if not candidates:
+            return set()
+        with self.lock:
+            if self.stopped.is_set():
+                return set()  # the drain is over: never open a connection after it
+            if self.conn is None or self.conn.closed:
+                self.conn = db.connect(self.settings, purpose="heartbeat")
+                self.queries = db.Queries(self.conn, self.settings.schema_name,
+                                          self.settings.table)
+            assert self.queries is not None
+            leases = [seconds if seconds is not None else r.lease for r in candidates]
+            kept = self.queries.extend_many(
+                [r.job.id for r in candidates], [r.job.attempt for r in candidates], leases)
+        now = time.monotonic()
+        for r, lease in zip(candidates, leases, strict=True):
+            if r.job.id in kept:
+                r.lease_expires = now + lease
+                if r.timeout_at is None:
+                    r.job.deadline = kept[r.job.id]
+            else:
+                r.lost = True
+                r.job.cancelled.set()
+                logger.warning("job %d is no longer ours (lease lost or cancelled): its "
+                               "handler was told to stop and its outcome will not be "
+                               "written", r.job.id, extra=job_extra(self.run_id, r.job))
+        return set(kept)
+
+    def extend_one(self, r: Running | None, job: Job, seconds: float | None) -> bool:
+        """``job.extend()``: extend this one job's lease now."""
+        if r is None or r.lost:
+            return False
+        return job.id in self.beat([r], seconds)
+
+    def _close(self) -> None:
+        with self.lock:
+            if self.conn is not None:
+                try:
+                    self.conn.close()
+                finally:
+                    self.conn = None
+                    self.queries = None
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped.set()
+        if self.is_alive():
+            self.join(timeout=5)
+        self._close()

@@ -1,0 +1,280 @@
+"""The drain loop: a small state machine over claims, handlers, outcomes and limits.
+
+Phases: CLAIMING (claims go out while jobs are due) -> DRAINED (a claim found nothing: finish
+what is in hand) -> DONE; from either, a limit or a stop with handlers still running leads
+to STOPPING (release what did not start, give the running the grace period) -> DONE.
+Within a phase each :meth:`Drain.step` starts what may start, collects what finished,
+and sends the next claim ahead, reads one back, writes outcomes or claims in step.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from drainer.drain.claims import Batch, BatchClock, Claims
+from drainer.drain.handlers import Handlers, Running, make_running
+from drainer.drain.leases import HEARTBEAT_FRACTION, Heartbeat
+from drainer.drain.limits import Limits, record
+from drainer.drain.outcomes import Outcomes
+from drainer.drain.report import RunReport, job_extra
+from drainer.drain.statements import Statements
+from drainer.registry import Job, Task
+
+if TYPE_CHECKING:
+    from drainer.maintenance.vacuum import BetweenBatches
+
+logger = logging.getLogger("drainer.drain")
+
+#: With a progress line (a terminal), remaining due jobs are counted at most this often.
+PROGRESS_DUE_INTERVAL_S = 1.0
+
+
+class Phase(enum.Enum):
+    CLAIMING = "claiming"
+    DRAINED = "drained"
+    STOPPING = "stopping"
+    DONE = "done"
+
+
+class Drain:
+    """One drain's loop; the parts are built by :func:`drainer.drain.run_once`."""
+
+    def __init__(self, report: RunReport, statements: Statements, claims: Claims,
+                 handlers: Handlers, outcomes: Outcomes, limits: Limits,
+                 vacuum: BetweenBatches | None, *, batch_size: int, grace: float,
+                 hurry: threading.Event, lease: Callable[[Task], float],
+                 heartbeat: Heartbeat | None = None,
+                 progress: Callable[[RunReport], None] | None = None) -> None:
+        self.report = report
+        self.q = statements
+        self.claims = claims
+        self.handlers = handlers
+        self.outcomes = outcomes
+        self.limits = limits
+        self.vacuum = vacuum
+        self.batch_size = batch_size
+        self.grace = grace
+        self.hurry = hurry
+        self.lease = lease
+        self.heartbeat = heartbeat
+        self.progress = None if progress is None else _Progress(progress, statements, report)
+        self.phase = Phase.CLAIMING
+        self.pending: deque[Running] = deque()  # claimed, not handed to a handler yet
+        self.clock = BatchClock()
+
+    def leases(self) -> list[Running]:
+        """The jobs whose leases are ours to extend: running, or waiting to start."""
+        return [*self.handlers.running.values(), *self.pending]
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.start()
+        try:
+            while self.phase is not Phase.DONE:
+                if self.phase is Phase.STOPPING:
+                    self.stop()
+                else:
+                    self.step()
+        finally:
+            try:
+                self._take(self.claims.settle())  # only after an error: nothing else is left
+                self.outcomes.write()
+                self._show_progress()
+            finally:
+                if self.heartbeat is not None:
+                    self.heartbeat.stop()
+                self.handlers.shutdown()
+
+    def step(self) -> None:
+        """One turn of the loop while CLAIMING or DRAINED."""
+        limit = self._check_limits()
+        if limit is None and self.phase is Phase.CLAIMING and not self.pending \
+                and not self.claims.ahead:
+            self._claim()
+        if self.limits.must_release():
+            # shutdown, or past the deadline: claimed jobs that have not started go back at
+            # once (running a whole batch could overrun a platform limit)
+            self._release(take_back=True)
+        self._hand_over()
+        idle = self._collect_finished()
+        if self.claims.ahead and self._read_ahead(idle):
+            return
+        if self._write_or_claim(idle):
+            return
+        busy = self.handlers.in_flight()
+        if self.pending or busy:
+            if busy and (self.limits.must_release() or (limit is not None and not self.pending)):
+                self.phase = Phase.STOPPING
+        elif self.phase is Phase.DRAINED or limit is not None:
+            self.phase = Phase.DONE
+
+    def _hand_over(self) -> None:
+        """Start what may start; once the batch is handed over, claim the next ahead."""
+        while self.pending and self.handlers.has_room(self.pending[0]):
+            self.clock.start(time.monotonic())
+            self.handlers.start(self.pending.popleft())
+        if not self.pending and self.handlers.in_flight() and not self.claims.ahead \
+                and self._may_send_ahead():
+            self.claims.send_ahead()
+
+    def _read_ahead(self, idle: bool) -> bool:
+        """With claims in flight: read one once the batch in hand is done (True: this step
+        is over), or all of them when the batch runs slow."""
+        if not idle:
+            if not self.clock.slow_now(time.monotonic()):
+                return True
+            # a slow batch: take the jobs claimed ahead out of the socket, where the
+            # heartbeat could not extend their leases
+            self._take(self.claims.settle())
+            return False
+        # the batch in hand is done and the next was claimed while it ran: send its
+        # successes (with another claim), then take the next batch
+        if self._may_send_ahead():
+            self.claims.send_ahead()
+        self._take(self.claims.receive())
+        self._show_progress()
+        return True
+
+    def _write_or_claim(self, idle: bool) -> bool:
+        """Write the outcomes of a finished batch (or a batch worth of them), with the next
+        claim when it is due (True: this step is over); VACUUM between batches."""
+        buffered = len(self.outcomes)
+        if not buffered or (self.pending and buffered < self.batch_size):
+            return False
+        if idle and self.phase is Phase.CLAIMING and self.claims.can_combine() \
+                and not self._vacuum_due() and self._check_limits() is None:
+            self._claim(with_successes=True)  # one round trip
+            return True
+        self.outcomes.write()
+        self._show_progress()
+        if idle and self.phase is Phase.CLAIMING and self.vacuum is not None \
+                and self._vacuum_due():
+            self.vacuum.run_once(self.report.finished)
+        return False
+
+    def stop(self) -> None:
+        """Release what did not start, give running handlers the grace period, then leave
+        them to their lease."""
+        self._check_limits()  # a signal may have come since the step began
+        self._release(take_back=self.limits.must_release())
+        until = time.monotonic() + self.grace
+        while self.handlers.in_flight() and time.monotonic() < until \
+                and not self.hurry.is_set():
+            self._collect(min(0.1, max(0.0, until - time.monotonic())))
+            if len(self.outcomes):
+                self.outcomes.write()
+                self._show_progress()
+        self._release(take_back=True)
+        for r in self.handlers.still_running():
+            r.job.cancelled.set()
+            logger.warning("job %d still running after the %.0fs grace period: left to its "
+                           "lease", r.job.id, self.grace,
+                           extra=job_extra(self.report.run_id, r.job, outcome="abandoned"))
+        self.phase = Phase.DONE
+
+    # -- the steps ----------------------------------------------------------------------------
+    def _check_limits(self) -> str | None:
+        """The limit that stops claiming now, if any, noted in the report."""
+        why = self.limits.stopped_by(self.report.claimed)
+        record(self.report, why)
+        return why
+
+    def _vacuum_due(self) -> bool:
+        return self.vacuum is not None and self.vacuum.due(self.report.finished)
+
+    def _may_send_ahead(self) -> bool:
+        return (self.phase is Phase.CLAIMING and self.clock.fast()
+                and self.claims.can_send_ahead() and not self._vacuum_due()
+                and self._check_limits() is None)
+
+    def _claim(self, *, with_successes: bool = False) -> None:
+        batch, progressed = self.claims.claim(with_successes=with_successes)
+        self._take(batch)
+        if with_successes:
+            self._show_progress()
+        if not progressed:
+            self.phase = Phase.DRAINED
+
+    def _take(self, batch: Batch) -> None:
+        for task, row in batch:
+            r = make_running(task, row, self.lease(task), self.handlers.timeout(task))
+            r.job._extend = self._extend_one
+            self.pending.append(r)
+
+    def _extend_one(self, job: Job, seconds: float | None) -> bool:
+        if self.heartbeat is None:
+            return False
+        with self.handlers.lock:
+            r = self.handlers.running.get(job.id)
+        return self.heartbeat.extend_one(r, job, seconds)
+
+    def _collect_finished(self) -> bool:
+        """Buffer the outcomes of finished handlers (waiting a little when nothing else can
+        start); True when the batch in hand is done (nothing waiting, nothing running)."""
+        busy = self.handlers.in_flight()
+        full = not self.pending or busy >= self.handlers.slots(self.pending[0])
+        if busy and full and self.handlers.wait_sequential(0.05):
+            self._collect(0)
+        else:
+            self._collect(0.05 if busy and full else 0)
+        idle = not self.pending and not self.handlers.in_flight()
+        if idle:
+            self.clock.finish(time.monotonic())
+        return idle
+
+    def _collect(self, block_for: float) -> None:
+        for outcome, r in self.handlers.wait(block_for):
+            self.outcomes.add(outcome, lost=r.lost)
+
+    def _release(self, take_back: bool) -> None:
+        """Give back the claimed jobs that did not start (with ``take_back``, also those
+        queued to handler threads but not picked up yet), without using up an attempt."""
+        self._take(self.claims.settle())
+        jobs = list(self.pending)
+        self.pending.clear()
+        if take_back:
+            jobs.extend(self.handlers.take_back())
+        if not jobs:
+            return
+        released = self.q.release_many([r.job.id for r in jobs], [r.job.attempt for r in jobs])
+        self.report.released += len(released)
+        logger.info("released %d claimed jobs that had not started", len(released),
+                    extra={"run_id": self.report.run_id})
+
+    def _show_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.show(may_count=not self.claims.ahead)
+
+class _Progress:
+    """The progress line (a terminal only), with a fresh due count at most each second."""
+
+    def __init__(self, draw: Callable[[RunReport], None], statements: Statements,
+                 report: RunReport) -> None:
+        self.draw = draw
+        self.q = statements
+        self.report = report
+        self.checked = time.monotonic()
+        self.base: tuple[int, int] | None = None  # due jobs counted, claimed by then
+
+    def show(self, *, may_count: bool) -> None:
+        """Redraw; ``may_count``: the connection is free for a count (no claims ahead)."""
+        now = time.monotonic()
+        if now - self.checked >= PROGRESS_DUE_INTERVAL_S and may_count:
+            self.checked = now
+            self.base = self.q.queue_summary(self.report.queues)[0], self.report.claimed
+        if self.base is not None:  # between counts: minus what was claimed since
+            due, claimed = self.base
+            self.report.remaining_due = max(0, due - (self.report.claimed - claimed))
+        self.draw(self.report)
+
+
+def heartbeat_interval(leases: list[float]) -> float:
+    """How often the heartbeat looks at leases: a fraction of the shortest."""
+    return max(0.05, min(leases) * HEARTBEAT_FRACTION)

@@ -1,0 +1,48 @@
+"""The run report: what one drain did, and the fields every job log line carries."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from drainer.registry import Job
+
+
+@dataclass
+class RunReport:
+    """What one drain did; printed as one JSON object by ``drainer run-once``."""
+
+    run_id: str
+    queues: list[str]
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    released: int = 0
+    reaped: int = 0
+    archived: int = 0
+    vacuumed: bool = False
+    lost: int = 0
+    remaining_due: int = 0
+    next_due_at: str | None = None
+    duration_s: float = 0.0
+    connected_s: float = 0.0
+    deadline_hit: bool = False
+    stopped_by: str | None = None
+    n_dead_tup: int | None = None
+    last_autovacuum: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def finished(self) -> int:
+        """Jobs whose outcome was written (succeeded, retried or failed for good)."""
+        return self.succeeded + self.retried + self.failed
+
+
+def job_extra(run_id: str, job: Job, **fields: Any) -> dict[str, Any]:
+    """The fields every job log line carries (JSON keys, or key=value on a TTY)."""
+    return {"run_id": run_id, "job_id": job.id, "queue": job.queue, "attempt": job.attempt,
+            **fields}

@@ -1,0 +1,55 @@
+"""The statements a drain sends, as two interfaces: what :class:`drainer.db.Queries` and
+:class:`drainer.db.ClaimPipeline` do for it, and what a fake does in the unit tests.
+
+A new outcome (snooze, follow-up inserts, results) or a claim across many queues in one
+statement is one more method here, one more named statement in ``queries.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from drainer.db import ClaimedRow
+
+
+class Statements(Protocol):
+    """Statements sent one at a time, each waiting for its result (autocommit)."""
+
+    def claim_batch(self, queue: str, batch_size: int, lease: float) -> list[ClaimedRow]: ...
+
+    def complete_many(self, ids: Sequence[int], attempts: Sequence[int], *,
+                      delete: bool = False) -> set[int]: ...
+
+    def complete_many_and_claim(
+        self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
+        lease: float,
+    ) -> tuple[set[int], list[ClaimedRow]]: ...
+
+    def fail_many(
+        self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
+        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,
+    ) -> list[tuple[int, str, datetime]]: ...
+
+    def release_many(self, ids: Sequence[int], attempts: Sequence[int]) -> set[int]: ...
+
+    def queue_summary(self, queues: Sequence[str]) -> tuple[int, datetime | None]: ...
+
+    def table_health(self) -> dict[str, Any]: ...
+
+    def vacuum_during_drain(self) -> None: ...
+
+
+class Pipeline(Protocol):
+    """complete_many_and_claim statements sent ahead and read back in order."""
+
+    in_flight: int
+
+    def send(self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
+             lease: float) -> None: ...
+
+    def receive(self) -> tuple[set[int], list[ClaimedRow]]: ...
+
+    def close(self) -> list[tuple[set[int], list[ClaimedRow]] | BaseException]: ...
+

@@ -1,0 +1,257 @@
+"""The drain's parts without a database: claim sizing, queue rotation, limits, outcome
+buffers, the batch clock (tests/unit/fake_statements.py stands in for the table)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from drainer.drain.claims import BatchClock, Claims, claim_size, next_queue
+from drainer.drain.handlers import Handlers, Outcome, format_error, make_running
+from drainer.drain.limits import MAX_JOBS, MAX_RUNTIME, SIGNAL, Limits, record
+from drainer.drain.outcomes import Outcomes
+from drainer.drain.report import RunReport
+from drainer.maintenance import archiver, vacuum
+from drainer.registry import Registry, Task
+from tests.unit.fake_statements import FakeJobs
+
+
+def _registry(*queues: str) -> Registry:
+    registry = Registry()
+    for q in queues:
+        registry.task(q)(lambda job: None)
+    return registry
+
+
+def _parts(jobs: FakeJobs, registry: Registry, *, batch_size: int = 10,
+           max_jobs: int | None = None, depth: int = 1) -> tuple[Claims, Outcomes, RunReport]:
+    report = RunReport("test", registry.queues())
+    outcomes = Outcomes(jobs, report, delete=False, retry_base=1.0, retry_cap=10.0)
+    claims = Claims(jobs, jobs if depth >= 2 else None, outcomes, report, registry.tasks,
+                    batch_size=batch_size, max_jobs=max_jobs, depth=depth, combine=True,
+                    lease=lambda task: 60.0, run_in_transaction=lambda task, size: 0)
+    return claims, outcomes, report
+
+
+def _outcome(jobs: FakeJobs, task: Task, ok: bool, claimed: list[int]) -> list[Outcome]:
+    out = []
+    for i in claimed:
+        row = jobs.rows[i]
+        from drainer.db import ClaimedRow
+        r = make_running(task, ClaimedRow(i, row.queue, {}, row.attempts, 5, 0, row.run_at,
+                                          row.run_at), 60.0, None)
+        out.append(Outcome(r.job, task, ok, None if ok else "ValueError: no"))
+    return out
+
+
+# -- claim sizing and rotation -----------------------------------------------------------------
+@pytest.mark.parametrize(("batch", "max_jobs", "claimed", "ahead", "size"), [
+    (10, None, 0, 0, 10), (10, None, 500, 0, 10), (10, 43, 40, 0, 3), (10, 43, 43, 0, 0),
+    (10, 43, 30, 10, 0), (10, 43, 30, 2, 8), (10, None, 0, 10, 0), (10, None, 0, 4, 6),
+])
+def test_claim_size(batch: int, max_jobs: int | None, claimed: int, ahead: int,
+                    size: int) -> None:
+    assert claim_size(batch, max_jobs, claimed, ahead) == size
+
+
+def test_next_queue_stays_while_batches_are_full() -> None:
+    assert next_queue(0, 3, 10, 10) == 0
+    assert next_queue(0, 3, 10, 9) == 1
+    assert next_queue(2, 3, 10, 0) == 0
+    assert next_queue(0, 1, 10, 3) == 0
+
+
+def test_claims_rotate_queues_and_count_once() -> None:
+    jobs = FakeJobs()
+    jobs.add("a", 15)
+    jobs.add("b", 3)
+    claims, _, report = _parts(jobs, _registry("a", "b"))
+    sizes = []
+    while True:
+        batch, progressed = claims.claim()
+        if not progressed:
+            break
+        sizes.append((batch[0][0].queue, len(batch), claims.cursor))
+    assert sizes == [("a", 10, 0), ("a", 5, 1), ("b", 3, 0)]
+    assert report.claimed == 18
+    # the last round tried both queues once, then gave up
+    assert jobs.sent == ["claim_batch"] * 3 + ["claim_batch"] * 2
+
+
+def test_max_jobs_caps_the_claims() -> None:
+    jobs = FakeJobs()
+    jobs.add("a", 30)
+    claims, _, report = _parts(jobs, _registry("a"), max_jobs=13)
+    assert len(claims.claim()[0]) == 10
+    assert len(claims.claim()[0]) == 3
+    assert claims.claim() == ([], False)
+    assert report.claimed == 13 and jobs.sent == ["claim_batch"] * 2
+
+
+def test_successes_go_with_the_next_claim() -> None:
+    jobs = FakeJobs()
+    jobs.add("a", 12)
+    registry = _registry("a")
+    claims, outcomes, report = _parts(jobs, registry)
+    first, _ = claims.claim()
+    for o in _outcome(jobs, registry.tasks["a"], True, [r.id for _, r in first[:9]]):
+        outcomes.add(o)
+    for o in _outcome(jobs, registry.tasks["a"], False, [first[9][1].id]):
+        outcomes.add(o)
+    second, progressed = claims.claim(with_successes=True)
+    assert progressed and len(second) == 2
+    # failures first, on their own; successes with the claim
+    assert jobs.sent == ["claim_batch", "fail_many", "complete_many_and_claim"]
+    assert (report.succeeded, report.retried, report.claimed, len(outcomes)) == (9, 1, 12, 0)
+
+
+def test_a_deadlocked_combined_claim_is_written_and_claimed_in_two_statements() -> None:
+    jobs = FakeJobs()
+    jobs.add("a", 12)
+    registry = _registry("a")
+    claims, outcomes, report = _parts(jobs, registry)
+    first, _ = claims.claim()
+    for o in _outcome(jobs, registry.tasks["a"], True, [r.id for _, r in first]):
+        outcomes.add(o)
+    jobs.deadlock_next.add("complete_many_and_claim")
+    second, progressed = claims.claim(with_successes=True)
+    assert progressed and len(second) == 2
+    assert jobs.sent == ["claim_batch", "complete_many_and_claim", "complete_many",
+                         "claim_batch"]
+    assert (report.succeeded, report.claimed) == (10, 12)
+
+
+def test_claims_ahead_are_sized_counted_and_settled_in_order() -> None:
+    jobs = FakeJobs()
+    jobs.add("a", 25)
+    claims, _, report = _parts(jobs, _registry("a"), max_jobs=24, depth=2)
+    claims.claim()
+    assert claims.last_full and claims.can_send_ahead()
+    claims.send_ahead()
+    # a batch in flight leaves no room: the next claim's size counts it (as on main)
+    assert [a.size for a in claims.ahead] == [10] and not claims.can_send_ahead()
+    assert report.claimed == 10  # counted when read, not when sent
+    assert len(claims.settle()) == 10 and report.claimed == 20 and not claims.ahead
+    assert claims.last_full and claims.can_send_ahead()
+    claims.send_ahead()  # the room left under --max-jobs: 24 - 20
+    assert [a.size for a in claims.ahead] == [4]
+    assert len(claims.receive()) == 4 and report.claimed == 24
+    assert not claims.can_send_ahead() and claims.settle() == []
+
+
+def test_a_deadlocked_claim_ahead_puts_its_successes_back() -> None:
+    jobs = FakeJobs()
+    jobs.add("a", 20)
+    registry = _registry("a")
+    claims, outcomes, report = _parts(jobs, registry, depth=2)
+    first, _ = claims.claim()
+    for o in _outcome(jobs, registry.tasks["a"], True, [r.id for _, r in first]):
+        outcomes.add(o)
+    jobs.deadlock_next.add("complete_many_and_claim")
+    claims.send_ahead()
+    assert claims.receive() == [] and len(outcomes.ok) == 10 and not claims.last_full
+    assert (report.succeeded, report.claimed) == (0, 10)
+
+
+# -- limits --------------------------------------------------------------------------------------
+def test_limits_are_questions() -> None:
+    stop = threading.Event()
+    limits = Limits(stop, deadline=100.0, max_jobs=5)
+    assert limits.stopped_by(4, now=99.0) is None and not limits.must_release(now=99.0)
+    assert limits.stopped_by(5, now=99.0) == MAX_JOBS and not limits.must_release(now=99.0)
+    assert limits.stopped_by(0, now=100.0) == MAX_RUNTIME and limits.must_release(now=100.0)
+    stop.set()
+    assert limits.stopped_by(5, now=100.0) == SIGNAL and limits.must_release(now=0.0)
+    assert Limits(threading.Event()).stopped_by(10**9) is None
+
+
+def test_record_keeps_the_first_limit() -> None:
+    report = RunReport("r", ["a"])
+    record(report, None)
+    assert (report.stopped_by, report.deadline_hit) == (None, False)
+    record(report, SIGNAL)
+    assert (report.stopped_by, report.deadline_hit) == (SIGNAL, False)
+    record(report, MAX_JOBS)
+    assert (report.stopped_by, report.deadline_hit) == (SIGNAL, True)
+
+
+# -- outcomes ------------------------------------------------------------------------------------
+def test_outcomes_are_buffered_then_written_one_statement_per_kind() -> None:
+    jobs = FakeJobs()
+    jobs.add("a", 5)
+    registry = _registry("a")
+    claims, outcomes, report = _parts(jobs, registry)
+    batch, _ = claims.claim()
+    ids = [r.id for _, r in batch]
+    task = registry.tasks["a"]
+    ok = _outcome(jobs, task, True, ids[:3])
+    for o in ok:
+        outcomes.add(o)
+    outcomes.add(_outcome(jobs, task, False, ids[3:4])[0])
+    outcomes.add(_outcome(jobs, task, True, ids[4:])[0], lost=True)
+    assert (len(outcomes), report.lost) == (4, 1)
+    taken = outcomes.take_successes()
+    outcomes.put_back(taken)
+    assert outcomes.ok == ok
+    outcomes.write()
+    assert jobs.sent == ["claim_batch", "complete_many", "fail_many"]
+    assert (report.succeeded, report.retried, report.failed, len(outcomes)) == (3, 1, 0, 0)
+    outcomes.write()  # nothing buffered: no statement
+    assert len(jobs.sent) == 3
+
+
+def test_an_outcome_not_written_is_counted_lost() -> None:
+    jobs = FakeJobs()
+    jobs.add("a", 2)
+    registry = _registry("a")
+    claims, outcomes, report = _parts(jobs, registry)
+    batch, _ = claims.claim()
+    done = _outcome(jobs, registry.tasks["a"], True, [r.id for _, r in batch])
+    jobs.rows[done[0].job.id].status = "queued"  # reaped meanwhile: no longer ours
+    for o in done:
+        outcomes.add(o)
+    outcomes.write()
+    assert (report.succeeded, report.lost) == (1, 1)
+
+
+# -- handlers, the batch clock, maintenance configs ----------------------------------------------
+def test_handlers_slots() -> None:
+    registry = _registry("a")
+    row_task = registry.tasks["a"]
+    from drainer.db import ClaimedRow
+    from tests.unit.fake_statements import T0
+    r = make_running(row_task, ClaimedRow(1, "a", {}, 1, 5, 0, T0, T0), 60.0, None)
+    assert Handlers(1, 10, None, lambda: True).slots(r) == 11  # sequential: a batch ahead
+    assert Handlers(4, 10, None, lambda: True).slots(r) == 8
+    timed = make_running(row_task, ClaimedRow(2, "a", {}, 1, 5, 0, T0, T0), 60.0, 1.0)
+    assert Handlers(4, 10, None, lambda: True).slots(timed) == 4
+
+
+def test_format_error_is_storable() -> None:
+    text = format_error(ValueError("a\x00b"))
+    assert text.startswith("ValueError: a\\x00b") and "\x00" not in text
+
+
+def test_batch_clock() -> None:
+    clock = BatchClock(limit=0.1)
+    assert not clock.fast() and not clock.slow_now(0.0)
+    clock.start(1.0)
+    clock.start(1.05)  # the batch started at its first job
+    assert not clock.slow_now(1.09) and clock.slow_now(1.2)
+    clock.finish(1.08)
+    assert clock.fast() and clock.started is None
+    clock.start(2.0)
+    clock.finish(2.5)
+    assert not clock.fast()
+
+
+def test_maintenance_defaults_match_the_settings() -> None:
+    from drainer import settings
+
+    assert archiver.ARCHIVE_BATCH_DEFAULT == settings.DEFAULT_ARCHIVE_BATCH
+    assert archiver.ARCHIVE_AFTER_DEFAULT == settings.DEFAULT_ARCHIVE_AFTER_S
+    assert archiver.FAILED_RETENTION_DEFAULT == settings.DEFAULT_FAILED_RETENTION_S
+    assert vacuum.VACUUM_THRESHOLD_DEFAULT == settings.DEFAULT_VACUUM_THRESHOLD
+    assert vacuum.VACUUM_EVERY_DEFAULT == settings.DEFAULT_VACUUM_EVERY
+    assert archiver.ArchiverConfig().batch_size == archiver.ARCHIVE_BATCH_DEFAULT
