@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from drainer.cron import CronExpr
     from drainer.db import Queries
     from drainer.registry import Registry
-    from drainer.settings import Settings
     from drainer.waking import AwakeEstimate, IdleTimeout
 
 logger = logging.getLogger(__name__)
@@ -241,7 +240,7 @@ def recurring(queue: str, cron: str, *, key: str | None = None,
     ``timezone`` is an IANA name (default UTC); ``catch_up`` is ``latest``, ``all`` or
     ``skip`` (see the module docstring). Raises ConfigError on a bad definition.
     """
-    from drainer.registry import default_registry
+    from drainer import default_registry
 
     definition = define(queue, cron, key=key, payload=payload, timezone=timezone,
                         catch_up=catch_up, catch_up_max=catch_up_max, priority=priority,
@@ -270,7 +269,7 @@ class SyncResult:
                 "caught_up": self.caught_up}
 
 
-def _iso(t: datetime | str | None) -> str | None:
+def iso_utc(t: datetime | str | None) -> str | None:
     """UTC ISO 8601 (also of a timestamp that came back as JSON text)."""
     if isinstance(t, str):
         t = datetime.fromisoformat(t)
@@ -297,14 +296,14 @@ def sync_params(definitions: Iterable[Definition], queues: Sequence[str], now: d
         rows.append({
             "key": d.key, "queue": d.queue, "hash": d.content_hash, "catch_up": d.catch_up,
             "priority": d.priority, "max_attempts": d.max_attempts,
-            "next_at": _iso(nxt), "next_dedup": nxt and d.dedup_key(nxt),
+            "next_at": iso_utc(nxt), "next_dedup": nxt and d.dedup_key(nxt),
             "next_payload": nxt and d.payload_for(nxt),
-            "latest_at": _iso(latest), "latest_dedup": latest and d.dedup_key(latest),
+            "latest_at": iso_utc(latest), "latest_dedup": latest and d.dedup_key(latest),
             "latest_payload": latest and d.payload_for(latest),
         })
         if d.catch_up == "all" and latest is not None:
             for at in fire_times_before(d.spec, d.tz, now, d.catch_up_max):
-                missed.append({"key": d.key, "at": _iso(at), "dedup": d.dedup_key(at),
+                missed.append({"key": d.key, "at": iso_utc(at), "dedup": d.dedup_key(at),
                                "payload": d.payload_for(at)})
     return {"definitions": Jsonb(rows), "missed": Jsonb(missed), "queues": list(queues),
             "now": now.astimezone(_UTC)}
@@ -423,67 +422,6 @@ def known_work_estimate(definitions: Iterable[Definition], queues: Sequence[str]
     return estimate_from_wakes(wakes[1:], start, window, idle, max_drain_s)
 
 
-@dataclass(frozen=True)
-class NextWake:
-    """When the next drain is needed (``drainer next-wake``), and why."""
-
-    at: datetime | None
-    reason: str
-    remaining_due: int | None = None
-    next_due_at: datetime | None = None
-    next_recurring_at: datetime | None = None
-    recurring_key: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"next_wake_at": _iso(self.at), "reason": self.reason,
-                "remaining_due": self.remaining_due, "next_due_at": _iso(self.next_due_at),
-                "next_recurring_at": _iso(self.next_recurring_at),
-                "recurring_key": self.recurring_key}
-
-
-def next_wake(settings: Settings, registry: Registry | None = None, *,
-              offline: bool = False, now: datetime | None = None) -> NextWake:
-    """When the next drain is needed, for platforms that take a one-shot schedule.
-
-    Online (the default): one connection that syncs the definitions of the served queues
-    (as the start of a drain does, so their next occurrences exist as rows) and reads when
-    the next job is due, retries and enqueued jobs included. ``offline``: no connection,
-    the definitions' next fire times only (a definition's first occurrence runs only if
-    some drain ran before its fire time and created it).
-    """
-    from drainer.drain import resolve_queues
-    from drainer.registry import default_registry
-
-    registry = registry or default_registry
-    queues = resolve_queues(settings, registry)
-    now = now or datetime.now(_UTC)
-    definitions = served(registry.schedules.values(), queues)
-    nexts = [(t, d.key) for d in definitions if (t := d.next_after(now)) is not None]
-    rec_at, rec_key = min(nexts, default=(None, None))
-    if offline:
-        if rec_at is None:
-            return NextWake(None, "no recurring definitions on the served queues")
-        return NextWake(rec_at, f"recurring {rec_key!r}", None, None, rec_at, rec_key)
-    from drainer.db import Queries, connect
-    from drainer.migrate import check_schema
-
-    with connect(settings) as conn:
-        q = Queries(conn, settings.schema_name, settings.table)
-        check_schema(q)
-        sync(q, definitions, queues, now)
-        remaining, next_due = q.queue_summary(queues)
-    if remaining:
-        return NextWake(now, f"{remaining} job{'' if remaining == 1 else 's'} due now",
-                        remaining, next_due, rec_at, rec_key)
-    candidates = [t for t in (next_due, rec_at) if t is not None]
-    if not candidates:
-        return NextWake(None, "nothing queued and no recurring definitions", 0, None)
-    at = min(candidates)
-    reason = (f"recurring {rec_key!r}" if rec_at is not None and at == rec_at
-              else "the next queued job is due")
-    return NextWake(at, reason, 0, next_due, rec_at, rec_key)
-
-
 def series_status(rows: Iterable[Mapping[str, Any]], definitions: Iterable[Definition],
                   handled: Iterable[str], now: datetime) -> list[dict[str, Any]]:
     """``drainer status``'s recurring series: the table's (``status_recurring`` rows) and
@@ -507,11 +445,11 @@ def series_status(rows: Iterable[Mapping[str, Any]], definitions: Iterable[Defin
             "catch_up": d.catch_up if d else None, "defined": d is not None if defs or
             handled else None,
             "served": (queue in handled) if handled else None,
-            "next_at": _iso(next_at), "next_in_table": in_table,
+            "next_at": iso_utc(next_at), "next_in_table": in_table,
             "next_status": row.get("next_status"),
             "last_status": row.get("last_status"),
-            "last_scheduled_for": _iso(row.get("last_scheduled_for")),
-            "last_finished_at": _iso(row.get("last_finished_at")),
+            "last_scheduled_for": iso_utc(row.get("last_scheduled_for")),
+            "last_finished_at": iso_utc(row.get("last_finished_at")),
             "last_error": row.get("last_error"),
         })
     return out

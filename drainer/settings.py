@@ -188,7 +188,8 @@ class Settings(BaseSettings):
 
     # -- handlers and the drain -----------------------------------------------------------------
     app: str | None = _opt(
-        None, "Python module that registers handlers with @task (e.g. myapp.jobs).", "run"
+        None, "Python module that registers handlers with @task (e.g. myapp.jobs).", "run",
+        "app"
     )
     queues: QueueList = _opt(
         None,

@@ -270,7 +270,7 @@ def configure_next_wake(sub: Any) -> None:
 
 
 def next_wake_command(args: argparse.Namespace, settings: Settings) -> int:
-    from drainer.recurring import next_wake
+    from drainer.status import next_wake
 
     found = next_wake(settings, offline=args.offline)
     if args.json:
