@@ -225,12 +225,12 @@ def _describe_estimate(estimate: AwakeEstimate, policy: str, idle: IdleTimeout,
 
     if policy != "known-work" or idle.never_suspends:
         return estimate.describe()
-    what = ("the recurring occurrences and the --max-sleep safety net in longer gaps"
-            if recurring else "the --max-sleep safety net only")
+    what = ("with no other work: the recurring occurrences and the --max-sleep safety net "
+            "in longer gaps" if recurring else "with no work: the --max-sleep safety net only")
     trig = ("each triggered drain adds its drain time to the wake its producer already "
             "caused; " if listening else "")
     return (estimate.describe().replace("awake estimate:", "awake estimate (known-work, "
-                                        f"with no other work: {what}):", 1)
+                                        f"{what}):", 1)
             + f"; {trig}each group of due retries or left work adds about drain time + "
             f"{fmt_seconds(idle.seconds)}")
 
