@@ -16,11 +16,17 @@ own (``<database>_<contender>``), so nothing else on the server counts:
 Each contender is started ``--warmup`` seconds before the window (default: idle timeout +
 10 s), so its one start-up drain is not counted (a process starts once, not per burst).
 After the window, job latencies (``finished_at - created_at``) are read from the table.
+
+``--workload recurring`` replaces the producers with a recurring definition
+(``bench/recurring_app.py``: ``* * * * *``, a no-op) and nothing else: with ``known-work``
+the compute should wake for its occurrences only, awake = occurrences x (drain + idle
+timeout), which the verdict compares with what the sampler saw.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -71,6 +77,9 @@ class Result:
     untriggered_max_s: float | None
     drains_in_window: int
     max_sleep_s: float | None = None
+    workload: str = "bursts"
+    drain_s: list[float] = field(default_factory=list)
+    occurrences_done: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -125,7 +134,7 @@ def produce(url: str, trigger_url: str, name: str, jobs: int, triggered: bool) -
 
 
 def run_contender(contender: str, server: str, database: str, *, window: float, idle: float,
-                  warmup: float) -> Result:
+                  warmup: float, workload: str = "bursts") -> Result:
     dbname = f"{database}_{contender.replace('-', '_')}"
     url = ensure_database(server, dbname)
     prepare(url, worker=contender == "worker")
@@ -133,11 +142,13 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
     args = command_of(contender, idle, window, port)
     env = {**{k: v for k, v in os.environ.items()
               if not k.startswith("DRAINER_") and k != "DATABASE_URL"},
-           "DRAINER_DATABASE_URL": url, "DRAINER_SCHEMA": SCHEMA, "DRAINER_APP": "bench.noop_app",
+           "DRAINER_DATABASE_URL": url, "DRAINER_SCHEMA": SCHEMA,
+           "DRAINER_APP": "bench.recurring_app" if workload == "recurring" else "bench.noop_app",
            "DRAINER_IDLE_TIMEOUT": f"{idle:g}", "DRAINER_TRIGGER_TOKEN": TOKEN,
            "DRAINER_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)}
     proc: subprocess.Popen[str] | None = None
     reports: list[float] = []
+    drains: list[tuple[float, float]] = []  # (when, connected_s) of each run report
     stderr_tail: list[str] = []
     if args is not None:
         proc = subprocess.Popen([sys.executable, "-m", "drainer", *args], cwd=ROOT, env=env,
@@ -148,6 +159,8 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
             for line in proc.stdout:
                 if line.startswith("{"):
                     reports.append(time.time())
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        drains.append((reports[-1], float(json.loads(line)["connected_s"])))
 
         def read_err() -> None:
             assert proc is not None and proc.stderr is not None
@@ -176,7 +189,7 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
     start = time.time()
     sampler.start()
     producers: list[threading.Thread] = []
-    for name, at, jobs, triggered in WORKLOAD:
+    for name, at, jobs, triggered in WORKLOAD if workload == "bursts" else ():
         delay = start + at * window - time.time()
         if delay > 0:
             time.sleep(delay)
@@ -199,8 +212,12 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(sql.SQL(
             "SELECT (payload->>'triggered')::bool, status, "
-            "extract(epoch FROM finished_at - created_at) FROM {}")
-            .format(sql.Identifier(SCHEMA, "jobs"))).fetchall()
+            "extract(epoch FROM finished_at - created_at) FROM {} "
+            "WHERE recurring_key IS NULL").format(sql.Identifier(SCHEMA, "jobs"))).fetchall()
+        occurrences = conn.execute(sql.SQL(
+            "SELECT count(*) FROM {} WHERE recurring_key IS NOT NULL AND status = 'done' "
+            "AND finished_at BETWEEN to_timestamp(%s) AND to_timestamp(%s)").format(
+            sql.Identifier(SCHEMA, "jobs")), [start, end]).fetchone()
     trig = [float(r[2]) for r in rows if r[0] and r[1] == "done"]
     untrig = [float(r[2]) for r in rows if not r[0] and r[1] == "done"]
     notes: list[str] = []
@@ -216,7 +233,9 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
         triggered_max_s=round(max(trig), 2) if trig else None,
         untriggered_max_s=round(max(untrig), 2) if untrig else None,
         drains_in_window=sum(1 for t in reports if start <= t <= end),
-        max_sleep_s=0.6 * window if contender == "known-work" else None, notes=notes)
+        max_sleep_s=0.6 * window if contender == "known-work" else None, workload=workload,
+        drain_s=[d for t, d in drains if start <= t <= end],
+        occurrences_done=int(occurrences[0]) if occurrences else 0, notes=notes)
 
 
 def table(results: list[Result], idle: float, window: float) -> str:
@@ -236,6 +255,24 @@ def table(results: list[Result], idle: float, window: float) -> str:
                    f"{r.awake_s / r.window_s * 100:.0f}% | {above} | {r.done}/{r.jobs} | {lat} | "
                    f"{unt} | {drains} |")
     return "\n".join(out)
+
+
+def recurring_verdict(results: list[Result], idle: float) -> list[str]:
+    """awake = occurrences x (drain + idle timeout): what known-work should cost."""
+    lines: list[str] = []
+    for r in results:
+        if r.contender != "known-work":
+            continue
+        drain = statistics.mean(r.drain_s) if r.drain_s else 0.0
+        expected = r.occurrences_done * (drain + idle)
+        off = (r.awake_s - expected) / expected if expected else float("inf")
+        met = abs(off) <= 0.10 and r.drains_in_window == r.occurrences_done
+        lines.append(
+            f"known-work: {r.occurrences_done} occurrences done in the window, "
+            f"{r.drains_in_window} drains; awake {r.awake_s:.1f} s vs occurrences x (drain "
+            f"{drain:.3f} s + idle {idle:g} s) = {expected:.1f} s ({off * 100:+.1f}%; target "
+            f"within 10% and drains = occurrences): {'met' if met else 'NOT met'}")
+    return lines
 
 
 def verdict(results: list[Result]) -> list[str]:
@@ -277,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="Also write the results as JSON here.")
     p.add_argument("--html", metavar="PATH", help="Also write each contender's awake "
                    "timeline here (one self-contained page, as drainer audit --html).")
+    p.add_argument("--workload", choices=("bursts", "recurring"), default="bursts",
+                   help="bursts of enqueued jobs [default], or a recurring definition every "
+                   "minute and nothing else (bench/recurring_app.py).")
     a = p.parse_args(argv)
     # producers fire the trigger whoever listens; with no listener that POST is refused at
     # once (the job stays queued): expected here, not worth a warning per burst
@@ -286,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"unknown contender(s) {', '.join(bad)} (choose from {', '.join(CONTENDERS)})")
     warmup = a.warmup if a.warmup is not None else a.idle_timeout + 10
-    kw = {"window": a.window, "idle": a.idle_timeout, "warmup": warmup}
+    kw = {"window": a.window, "idle": a.idle_timeout, "warmup": warmup,
+          "workload": a.workload}
     started = datetime.now(timezone.utc)
     if a.parallel:
         found: dict[str, Result] = {}
@@ -309,12 +350,16 @@ def main(argv: list[str] | None = None) -> int:
     workload = ", ".join(f"{n} at {at * a.window:.0f} s: {j} jobs "
                          f"{'+ trigger' if t else 'plain SQL, no trigger'}"
                          for n, at, j, t in WORKLOAD)
+    if a.workload == "recurring":
+        workload = "a recurring definition '* * * * *' (a no-op), no producers"
     print(f"### Awake time: idle timeout {a.idle_timeout:g} s, window {a.window:g} s, "
           f"sampled every 0.5 s ({started:%Y-%m-%d %H:%M} UTC)\n")
     print(f"Workload: {workload}.\n")
     print(table(results, a.idle_timeout, a.window))
     print()
-    for line in verdict(results):
+    lines = (recurring_verdict(results, a.idle_timeout) if a.workload == "recurring"
+             else verdict(results))
+    for line in lines:
         print(f"- {line}")
     if a.html:
         write_html(a.html, [(f"{r.contender}: {r.command}", AUDITS[r.contender])

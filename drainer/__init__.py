@@ -17,6 +17,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "load_settings",
+    "recurring",
     "run_once",
     "task",
 ]
@@ -25,6 +26,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from drainer.drain import RunReport, run_once
     from drainer.producer import enqueue, enqueue_many
+    from drainer.recurring import recurring
     from drainer.settings import Settings, load_settings
 
 # Heavy parts (psycopg, pydantic) load on first use: `from drainer import task` in an app
@@ -36,6 +38,8 @@ _LAZY = {
     "enqueue_many": "drainer.producer",
     "Settings": "drainer.settings",
     "load_settings": "drainer.settings",
+    # once imported, ``drainer.recurring`` is the module, which is callable as the function
+    "recurring": "drainer.recurring",
 }
 
 

@@ -107,6 +107,8 @@ def identifiers(schema: str, table: str) -> dict[str, sql.Composable]:
         "finished_idx": sql.Identifier(f"{table}_finished_idx"),
         "dedup_idx": sql.Identifier(f"{table}_dedup_idx"),
         "run_at_check": sql.Identifier(f"{table}_run_at_check"),
+        "recurring_idx": sql.Identifier(f"{table}_recurring_idx"),
+        "recurring_queued_idx": sql.Identifier(f"{table}_recurring_queued_idx"),
         "article_idx": sql.Identifier(schema, f"{table}_ready_idx"),
         "notify_fn": sql.Identifier(schema, f"{table}_notify"),
         "notify_trigger": sql.Identifier(f"{table}_notify"),

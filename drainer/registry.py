@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
     import psycopg
 
+    from drainer.recurring import Definition
+
 
 class CancelEvent(threading.Event):
     """A ``threading.Event`` whose lock and condition are made on first use.
@@ -85,6 +87,19 @@ class Job:
     def raise_if_cancelled(self) -> None:
         if self.cancelled.is_set():
             raise JobCancelled(f"job {self.id} was cancelled")
+
+    @property
+    def scheduled_for(self) -> datetime | None:
+        """The fire time a recurring job's occurrence is for (None for other jobs): the
+        payload's ``scheduled_for`` (drainer.recurring.SCHEDULED_FOR_KEY), parsed."""
+        value = self.payload.get("scheduled_for") if isinstance(self.payload, dict) else None
+        if not isinstance(value, str):
+            return None
+        try:
+            when = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return when if when.tzinfo is not None else None
 
 
 Handler = Callable[[Job], Any]
@@ -227,6 +242,8 @@ class Registry:
 
     def __init__(self) -> None:
         self.tasks: dict[str, Task] = {}
+        #: Recurring definitions by key (drainer.recurring).
+        self.schedules: dict[str, Definition] = {}
 
     def task(
         self,
@@ -236,11 +253,18 @@ class Registry:
         lease: float | None = None,
         max_attempts: int | None = None,
         transaction: bool = False,
+        cron: str | None = None,
+        timezone: str | None = None,
+        catch_up: str | None = None,
     ) -> Callable[[Callable[[Job], R]], TaskHandler[R]]:
         """Register the decorated function as the handler of ``queue``.
 
         Returns the function itself, with ``.enqueue``, ``.enqueue_async`` and
         ``.enqueue_many`` bound to ``queue`` (see :class:`TaskHandler`).
+
+        With ``cron`` (and optionally ``timezone``, ``catch_up``), the queue also gets a
+        recurring job keyed by the queue name (see :mod:`drainer.recurring`); a bad cron
+        expression or time zone raises ConfigError here, when the app loads.
         """
         if not queue or not isinstance(queue, str):
             raise ValueError("a task needs a non-empty queue name")
@@ -259,6 +283,8 @@ class Registry:
             if transaction and inspect.iscoroutinefunction(func):
                 raise ValueError(f"task {queue!r}: transaction=True needs a sync handler")
             self.tasks[queue] = Task(queue, func, timeout, lease, max_attempts, transaction)
+            if definition is not None and self.schedules.get(definition.key) != definition:
+                self.add_recurring(definition)
             # The producers are attributes of the function itself: calling it, inspecting
             # it (async or not), pickling it by name all stay as they were.
             bound: Any = func
@@ -272,7 +298,32 @@ class Registry:
             handler: TaskHandler[R] = bound
             return handler
 
+        definition = None
+        if cron is not None:
+            from drainer.recurring import DEFAULT_CATCH_UP, define
+
+            definition = define(queue, cron, timezone=timezone,
+                                catch_up=catch_up or DEFAULT_CATCH_UP,
+                                max_attempts=max_attempts)
+        elif timezone is not None or catch_up is not None:
+            raise ValueError(f"task {queue!r}: timezone and catch_up need cron=")
+
         return register
+
+    def add_recurring(self, definition: Definition) -> None:
+        """Add a recurring definition; ConfigError if its key is taken."""
+        existing = self.schedules.get(definition.key)
+        if existing is not None:
+            raise ConfigError(
+                f"recurring key {definition.key!r} is used twice ({existing.describe()}; "
+                f"{definition.describe()}): give one of them another key=")
+        self.schedules[definition.key] = definition
+
+    def recurring(self, queue: str, cron: str, **kwargs: Any) -> Definition:
+        """Declare a recurring job in this registry (see :func:`drainer.recurring.recurring`)."""
+        from drainer.recurring import recurring
+
+        return recurring(queue, cron, registry=self, **kwargs)
 
     def get(self, queue: str) -> Task | None:
         return self.tasks.get(queue)
@@ -282,6 +333,7 @@ class Registry:
 
     def clear(self) -> None:
         self.tasks.clear()
+        self.schedules.clear()
 
 
 #: The registry ``@task`` writes to and ``run_once`` reads by default.

@@ -198,7 +198,7 @@ class Settings(BaseSettings):
     # -- handlers and the drain -----------------------------------------------------------------
     app: str | None = _opt(
         None, "Python module that registers handlers with @task (e.g. myapp.jobs). For "
-        "enqueue: the queue must have a handler in it.", "run", "enqueue"
+        "enqueue: the queue must have a handler in it.", "run", "enqueue", "app"
     )
     queues: QueueList = _opt(
         None,

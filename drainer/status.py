@@ -3,19 +3,91 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from drainer._text import iso, text_table
+from drainer.recurring import iso_utc
 
 if TYPE_CHECKING:
+    from drainer.registry import Registry
     from drainer.settings import Settings
 
 
-def collect_status(settings: Settings) -> dict[str, Any]:
-    """Counts by queue and status, due work, expired leases, dead letters, table health."""
+@dataclass(frozen=True)
+class NextWake:
+    """When the next drain is needed (``drainer next-wake``), and why."""
+
+    at: datetime | None
+    reason: str
+    remaining_due: int | None = None
+    next_due_at: datetime | None = None
+    next_recurring_at: datetime | None = None
+    recurring_key: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"next_wake_at": iso_utc(self.at), "reason": self.reason,
+                "remaining_due": self.remaining_due, "next_due_at": iso_utc(self.next_due_at),
+                "next_recurring_at": iso_utc(self.next_recurring_at),
+                "recurring_key": self.recurring_key}
+
+
+def next_wake(settings: Settings, registry: Registry | None = None, *,
+              offline: bool = False, now: datetime | None = None) -> NextWake:
+    """When the next drain is needed, for platforms that take a one-shot schedule.
+
+    Online (the default): one connection that syncs the definitions of the served queues
+    (as the start of a drain does, so their next occurrences exist as rows) and reads when
+    the next job is due, retries and enqueued jobs included. ``offline``: no connection,
+    the definitions' next fire times only (a definition's first occurrence runs only if
+    some drain ran before its fire time and created it).
+    """
+    from drainer.drain import resolve_queues
+    from drainer.recurring import served, sync
+    from drainer.registry import default_registry
+
+    registry = registry or default_registry
+    queues = resolve_queues(settings, registry)
+    now = now or datetime.now(timezone.utc)
+    definitions = served(registry.schedules.values(), queues)
+    nexts = [(t, d.key) for d in definitions if (t := d.next_after(now)) is not None]
+    rec_at, rec_key = min(nexts, default=(None, None))
+    if offline:
+        if rec_at is None:
+            return NextWake(None, "no recurring definitions on the served queues")
+        return NextWake(rec_at, f"recurring {rec_key!r}", None, None, rec_at, rec_key)
     from drainer.db import Queries, connect
     from drainer.migrate import check_schema
 
+    with connect(settings) as conn:
+        q = Queries(conn, settings.schema_name, settings.table)
+        check_schema(q)
+        sync(q, definitions, queues, now)
+        remaining, next_due = q.queue_summary(queues)
+    if remaining:
+        return NextWake(now, f"{remaining} job{'' if remaining == 1 else 's'} due now",
+                        remaining, next_due, rec_at, rec_key)
+    candidates = [t for t in (next_due, rec_at) if t is not None]
+    if not candidates:
+        return NextWake(None, "nothing queued and no recurring definitions", 0, None)
+    at = min(candidates)
+    reason = (f"recurring {rec_key!r}" if rec_at is not None and at == rec_at
+              else "the next queued job is due")
+    return NextWake(at, reason, 0, next_due, rec_at, rec_key)
+
+
+def collect_status(settings: Settings, registry: Registry | None = None) -> dict[str, Any]:
+    """Counts by queue and status, due work, expired leases, dead letters, table health,
+    and the recurring series (with the app's definitions when ``settings.app`` names it)."""
+    from drainer.db import Queries, connect
+    from drainer.migrate import check_schema
+    from drainer.recurring import series_status
+    from drainer.registry import default_registry, load_app
+
+    registry = registry or default_registry
+    if settings.app:
+        load_app(settings.app)
     with connect(settings) as conn:
         q = Queries(conn, settings.schema_name, settings.table)
         version = check_schema(q)
@@ -66,6 +138,8 @@ def collect_status(settings: Settings) -> dict[str, Any]:
         "last_autoanalyze": iso(t.get("last_autoanalyze")),
         "drainer_sessions": t.get("drainer_sessions"),
         "oldest_xact_age_s": _round(t.get("oldest_xact_age_s")),
+        "recurring": series_status(t.get("recurring") or [], registry.schedules.values(),
+                                   registry.tasks, datetime.now(timezone.utc)),
     }
 
 
@@ -115,4 +189,27 @@ def render_status(st: dict[str, Any]) -> str:
     lines.append(f"other drainer sessions: {st.get('drainer_sessions')}; oldest open "
                  f"transaction: {'none' if xact is None else f'{xact:.0f}s'}"
                  + (" (holds back VACUUM)" if xact is not None and xact > 60 else ""))
+    lines.extend(_render_recurring(st.get("recurring") or []))
     return "\n".join(lines)
+
+
+def _render_recurring(series: list[dict[str, Any]]) -> list[str]:
+    if not series:
+        return []
+    header = ("recurring", "queue", "schedule", "next", "last")
+    table = [header]
+    for s in series:
+        sched = "-" if s["cron"] is None else f"{s['cron']} ({s['timezone']})"
+        if s["defined"] is False:
+            sched = "(not in the app: its future occurrences go at the next drain)"
+        elif s["served"] is False:
+            sched += " (unserved: no handler)"
+        nxt = s["next_at"] or "-"
+        if s["next_at"] and not s["next_in_table"]:
+            nxt += " (after the next drain)"
+        last = "-" if s["last_status"] is None else (
+            f"{s['last_status']} {s['last_scheduled_for']}"
+            + (f": {s['last_error']}" if s["last_status"] == "failed" and s["last_error"]
+               else ""))
+        table.append((s["key"], s["queue"] or "-", sched, nxt, last))
+    return ["", *text_table(table)]

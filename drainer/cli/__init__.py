@@ -41,6 +41,7 @@ _CONFIGURE = (
     run.configure_run_once,
     run.configure_demo,
     wake.configure_schedule,
+    wake.configure_next_wake,
     wake.configure_serve,
     run.configure_worker,
     status.configure_audit,

@@ -24,10 +24,11 @@ Command = Callable[[argparse.Namespace, "Settings"], int]
 SCOPES: dict[str, tuple[str, ...]] = {
     "migrate": ("db",),
     "enqueue": ("db", "enqueue", "trigger"),
-    "status": ("db",),
+    "status": ("db", "app"),
     "run-once": ("db", "run"),
     "demo": ("db", "run"),
     "schedule": ("db", "run", "wake", "trigger", "schedule"),
+    "next-wake": ("db", "run"),
     "serve": ("db", "run", "trigger"),
     "worker": ("db", "run", "wake"),
     "audit": ("db", "wake"),
@@ -41,7 +42,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
 #: The help section of each settings scope.
 TITLES = {"db": "database and logging", "run": "drain", "enqueue": "enqueue",
           "trigger": "trigger", "wake": "waking and the compute's idle timeout",
-          "schedule": "wake policy"}
+          "schedule": "wake policy", "app": "app"}
 
 
 class Parser(argparse.ArgumentParser):

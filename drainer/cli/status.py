@@ -25,8 +25,9 @@ def configure_status(sub: Any) -> None:
                         "oldest due job's age, expired leases waiting for the reaper, the "
                         "next due time, failed (dead-letter) counts with their most common "
                         "errors, table and index size, dead tuples, last (auto)vacuum, other "
-                        "drainer sessions and the oldest open transaction. One connection, "
-                        "four statements."))
+                        "drainer sessions and the oldest open transaction, and the recurring "
+                        "series (with --app: the app's definitions, next fire time, last "
+                        "outcome, unserved queues). One connection, four statements."))
     p.add_argument("--json", action="store_true", help="Print one JSON object on stdout "
                    "(the default when stdout is not a terminal; on a terminal the output is "
                    "a readable table).")

@@ -7,11 +7,12 @@ only when these commands run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import sys
 import threading
-from datetime import tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import add_command
@@ -20,6 +21,7 @@ from drainer.errors import ConfigError
 
 if TYPE_CHECKING:
     from drainer.drain import RunReport
+    from drainer.recurring import Definition
     from drainer.scheduler import WakeSchedule
     from drainer.settings import Settings
     from drainer.waking import AwakeEstimate, IdleTimeout
@@ -130,7 +132,13 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
         token = trigger_token(settings, args.no_auth)
     elif args.no_auth:
         raise ConfigError("--no-auth only goes with --listen")
-    if policy == "known-work":
+    definitions = _served_definitions(settings)
+    if policy == "known-work" and definitions:
+        from drainer.recurring import known_work_estimate
+
+        estimate = known_work_estimate(definitions, [d.queue for d in definitions], idle,
+                                       settings.max_sleep, max_runtime, datetime.now(timezone.utc))
+    elif policy == "known-work":
         estimate = estimate_interval(settings.max_sleep, 0.0, idle, max_runtime)
     else:
         estimate = wakes.estimate(idle, max_runtime)
@@ -152,8 +160,11 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
             out.write(f"  {when.isoformat()}\n")
         if listen is not None:
             out.write(f"triggers: POST http://{listen[0]}:{listen[1]}/drain drains at once\n")
+        for line in _describe_recurring(definitions, policy, idle):
+            out.write(line + "\n")
         out.write(f"max runtime of a run: {fmt_seconds(max_runtime)}\n")
-        out.write(_describe_estimate(estimate, policy, idle, listen is not None) + "\n")
+        out.write(_describe_estimate(estimate, policy, idle, listen is not None,
+                                     recurring=bool(definitions)) + "\n")
         return 0
 
     from drainer._signals import stop_on_signals
@@ -169,7 +180,8 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
         schedule_log.warning("a run that uses its full max runtime (%s) leaves less than the "
                              "idle timeout before the next wake: such wakes keep the compute "
                              "up until the next one", fmt_seconds(max_runtime))
-    schedule_log.info(_describe_estimate(estimate, policy, idle, listen is not None),
+    schedule_log.info(_describe_estimate(estimate, policy, idle, listen is not None,
+                                         recurring=bool(definitions)),
                       extra={"awake_estimate": estimate.as_dict(), "wake_policy": policy})
     run_settings = settings.model_copy(update={"max_runtime": max_runtime})
     _share_log_handlers()
@@ -195,17 +207,67 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _served_definitions(settings: Settings) -> list[Definition]:
+    """The recurring definitions of the queues this schedule serves (loads the app)."""
+    from drainer.drain import resolve_queues
+    from drainer.recurring import served
+    from drainer.registry import default_registry
+
+    if not settings.app and not default_registry.tasks:
+        return []
+    queues = resolve_queues(settings, default_registry)
+    return served(default_registry.schedules.values(), queues)
+
+
+def _describe_recurring(definitions: list[Definition], policy: str, idle: IdleTimeout
+                        ) -> list[str]:
+    """The dry run's lines on recurring definitions: each, and the wakes they cause."""
+    from drainer.recurring import occurrence_times
+    from drainer.waking import fmt_seconds
+
+    if not definitions:
+        return []
+    lines = [f"recurring definitions ({len(definitions)}):"]
+    now = datetime.now(timezone.utc)
+    for d in definitions:
+        lines.append(f"  {d.describe()}, catch-up {d.catch_up}")
+        fires = occurrence_times([d], [d.queue], now, now + timedelta(days=7), limit=2000)
+        gap = min((b - a for a, b in itertools.pairwise(fires)), default=None)
+        if (policy == "known-work" and gap is not None and not idle.never_suspends
+                and gap <= idle.seconds):
+            lines.append(f"    fires as often as every {fmt_seconds(gap)}, not longer than the "
+                         f"{fmt_seconds(idle.seconds)} idle timeout: the compute will not "
+                         "suspend between its occurrences")
+    if policy == "known-work":
+        firsts = occurrence_times(definitions, [d.queue for d in definitions], now,
+                                  now + timedelta(days=366), limit=DRY_RUN_OCCURRENCES)
+        lines.append(f"next {len(firsts)} wakes for their occurrences (known-work wakes "
+                     "for each, and for nothing else when there is no other work):")
+        lines.extend(f"  {datetime.fromtimestamp(t, timezone.utc).isoformat()}" for t in firsts)
+    else:
+        lines.append("  (wake policy always: an occurrence runs at the first tick after its "
+                     "fire time; it adds no wakes)")
+    return lines
+
+
+#: --dry-run lists this many wakes for recurring occurrences.
+DRY_RUN_OCCURRENCES = 5
+
+
 def _describe_estimate(estimate: AwakeEstimate, policy: str, idle: IdleTimeout,
-                       listening: bool) -> str:
-    """The estimate's line; with known-work, what it counts (the safety net) and what not."""
+                       listening: bool, *, recurring: bool = False) -> str:
+    """The estimate's line; with known-work, what it counts (the safety net and the
+    recurring occurrences) and what not."""
     from drainer.waking import fmt_seconds
 
     if policy != "known-work" or idle.never_suspends:
         return estimate.describe()
+    what = ("with no other work: the recurring occurrences and the --max-sleep safety net "
+            "in longer gaps" if recurring else "with no work: the --max-sleep safety net only")
     trig = ("each triggered drain adds its drain time to the wake its producer already "
             "caused; " if listening else "")
     return (estimate.describe().replace("awake estimate:", "awake estimate (known-work, "
-                                        "with no work: the --max-sleep safety net only):", 1)
+                                        f"{what}):", 1)
             + f"; {trig}each group of due retries or left work adds about drain time + "
             f"{fmt_seconds(idle.seconds)}")
 
@@ -225,6 +287,38 @@ def _share_log_handlers() -> None:
     aps.propagate = False
     for h in ours.handlers:
         aps.addHandler(h)
+
+
+# -- next-wake ------------------------------------------------------------------------------------
+
+
+def configure_next_wake(sub: Any) -> None:
+    p = add_command(sub, "next-wake", "Print when the next drain is needed (ISO 8601, UTC), "
+                    "for one-shot schedules (EventBridge Scheduler at(), Cloud Tasks).",
+                    next_wake_command, description=(
+                        "Print when the next drain is needed, in UTC: now if jobs are due, "
+                        "else the earliest of the next queued job and the next occurrence "
+                        "of the app's recurring definitions; nothing (exit 0) when there is "
+                        "neither. One connection that syncs the definitions (as a drain's "
+                        "start does) and reads the queue; --offline computes from the "
+                        "definitions alone without connecting."))
+    p.add_argument("--offline", action="store_true", help="Do not connect: the next fire "
+                   "time of the recurring definitions only (retries and enqueued jobs are "
+                   "not seen).")
+    p.add_argument("--json", action="store_true", help="One JSON object: next_wake_at, "
+                   "reason, remaining_due, next_due_at, next_recurring_at, recurring_key.")
+
+
+def next_wake_command(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.status import next_wake
+
+    found = next_wake(settings, offline=args.offline)
+    if args.json:
+        print_json(found.as_dict())
+    elif found.at is not None:
+        sys.stdout.write(f"{found.at:%Y-%m-%dT%H:%M:%SZ}\n")
+        sys.stdout.flush()
+    return 0
 
 
 # -- serve ----------------------------------------------------------------------------------------

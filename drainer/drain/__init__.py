@@ -5,8 +5,9 @@ The parts: :mod:`.claims` (which queue, how many, in step / combined / ahead),
 :mod:`.leases` (the heartbeat), :mod:`.limits` (stop, deadline, --max-jobs),
 :mod:`.loop` (the state machine over them), :mod:`.report` (the run report);
 maintenance (reaper, archiver, vacuum) is :mod:`drainer.maintenance`. Work done once at
-the start of a run (the reaper today; a sync of recurring definitions would go next to it)
-is a maintenance service's ``run_once()`` called from :func:`run_once` below.
+the start of a run: the schema check, the reaper and which queues have due jobs in one
+statement (``run_start``), then, when the app has recurring definitions on the served
+queues, their sync (:class:`drainer.recurring.DrainSync`, ``recurring_sync``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from drainer.drain.report import RunReport
 from drainer.drain.watchdog import Watchdog
 from drainer.maintenance import archiver, reaper, vacuum
 from drainer.migrate import check_version, latest_version
+from drainer.recurring import DrainSync
 from drainer.registry import Registry, Task, default_registry, load_app
 
 if TYPE_CHECKING:
@@ -93,6 +95,13 @@ def run_once(
                 logger.debug("drain started", extra={"run_id": report.run_id,
                                                      "queues": queues})
                 report.reaped = reaper.counted(reaped).reaped
+                # the recurring definitions of the served queues (a statement only when the
+                # app has some): their next occurrences are rows before anything is claimed
+                schedules = DrainSync(registry.schedules.values(), queues)
+                if schedules.definitions:
+                    synced = schedules.start(q)
+                    if synced.superseded or synced.caught_up:  # catch-up runs, due now
+                        due = list(dict.fromkeys([*due, *schedules.queues_synced()]))
                 limits = Limits(stop, deadline, settings.max_jobs)
                 drain = parts["drain"] = _build(settings, registry, conn, q, report, limits,
                                                 hurry, progress)
@@ -102,6 +111,9 @@ def run_once(
                     handler_calls.job_context = otel.JobSpan
                     drain.outcomes.on_outcome = tracing.outcome
                 drain.run()
+                # an occurrence that came due during the run gets its successor before the
+                # summary below reads next_due_at (a statement only if the run lasted that long)
+                schedules.finish(q)
                 served = registry.queues()
                 if not stop.is_set():
                     _maintain(settings, q, report, served, watchdog)

@@ -491,7 +491,10 @@ ORDER BY queue, status;
 -- name: status_table
 -- Size and vacuum state of the jobs table, and the sessions that matter for it: other
 -- drainer connections now, and the oldest open transaction in this database (it holds
--- back VACUUM of every table, the jobs table first).
+-- back VACUUM of every table, the jobs table first). And the recurring series (a JSON
+-- array, in the same statement so status stays four): every recurring_key in the table, its
+-- next occurrence (queued or running, the earliest) and its last finished one, both looked
+-- up on the (recurring_key, scheduled_for) index.
 SELECT pg_total_relation_size(c.oid) AS total_bytes,
        pg_relation_size(c.oid) AS table_bytes,
        pg_indexes_size(c.oid) AS index_bytes,
@@ -502,7 +505,21 @@ SELECT pg_total_relation_size(c.oid) AS total_bytes,
           AND a.application_name LIKE 'drainer%%') AS drainer_sessions,
        (SELECT extract(epoch FROM now() - min(a.xact_start)) FROM pg_stat_activity a
         WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-          AND a.backend_type = 'client backend') AS oldest_xact_age_s
+          AND a.backend_type = 'client backend') AS oldest_xact_age_s,
+       (SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY r.key), '[]'::jsonb) FROM (
+          SELECT k.key, nxt.queue, nxt.scheduled_for AS next_at, nxt.status AS next_status,
+                 last.status AS last_status, last.scheduled_for AS last_scheduled_for,
+                 last.finished_at AS last_finished_at, last.last_error
+          FROM (SELECT DISTINCT recurring_key AS key FROM {jobs}
+                WHERE recurring_key IS NOT NULL) k
+          LEFT JOIN LATERAL (
+            SELECT queue, scheduled_for, status FROM {jobs}
+            WHERE recurring_key = k.key AND status IN ('queued', 'running')
+            ORDER BY scheduled_for LIMIT 1) nxt ON true
+          LEFT JOIN LATERAL (
+            SELECT status, scheduled_for, finished_at, last_error FROM {jobs}
+            WHERE recurring_key = k.key AND status IN ('done', 'failed')
+            ORDER BY scheduled_for DESC LIMIT 1) last ON true) r) AS recurring
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = %(regclass)s::regclass;
@@ -658,3 +675,97 @@ SELECT EXISTS (
   WHERE n.nspname = %(schema)s AND c.relname = %(table)s AND t.tgname = %(trigger)s
     AND NOT t.tgisinternal AND t.tgenabled <> 'D'
 ) AS installed;
+-- name: recurring_sync
+-- After run_start, when the app has recurring definitions on the queues the drain serves:
+-- the sync of those definitions (drainer/recurring.py). It touches only queued occurrences
+-- that were never claimed (fence = 0: the fence counts claims and nothing resets it).
+--
+-- The sync makes the definitions rows, whatever their number. %(definitions)s is a JSON
+-- array, one object per definition: its key, queue, hash, catch_up policy, priority and
+-- max_attempts, its next fire time after %(now)s (next_at, with the dedup key and payload of
+-- that occurrence) and its latest fire time at or before %(now)s (latest_at, likewise).
+-- %(missed)s lists, for the `all` policy, the latest fire times at or before %(now)s (at
+-- most catch_up_max of each definition).
+-- "Mine" are the occurrences in the served queues that were never claimed: only they are
+-- touched, so another deployment's queues, running jobs and retries are left alone.
+--   gone:       future occurrences of definitions deleted from the code, or no longer at
+--               their definition's next fire time (its cron or time zone changed);
+--   changed:    the next occurrence, rewritten when the definition's hash changed;
+--   superseded: latest/skip: occurrences whose next fire time has passed too (nothing ran
+--               them in time); `latest` replaces them with one run for the latest fire time;
+--   caught_up:  all: the newest such occurrence is marked (recurring_hash NULL) and every
+--               missed fire time after it is inserted;
+--   inserted:   the next occurrence of each definition, and the catch-up runs.
+-- Concurrent syncs never create an occurrence twice: the unique index on (recurring_key,
+-- scheduled_for) covers every status, and the catch-up inserts hang on a DELETE or UPDATE that
+-- only one sync can win (the loser's recheck of the row's newest version fails).
+WITH d AS MATERIALIZED (
+  SELECT * FROM jsonb_to_recordset(%(definitions)s::jsonb) AS d(
+    key text, queue text, hash text, catch_up text, priority int, max_attempts int,
+    next_at timestamptz, next_dedup text, next_payload jsonb,
+    latest_at timestamptz, latest_dedup text, latest_payload jsonb)
+), missed AS MATERIALIZED (
+  SELECT * FROM jsonb_to_recordset(%(missed)s::jsonb) AS m(
+    key text, at timestamptz, dedup text, payload jsonb)
+), mine AS MATERIALIZED (
+  SELECT id, recurring_key AS key, scheduled_for FROM {jobs}
+  WHERE recurring_key IS NOT NULL AND status = 'queued' AND fence = 0
+    AND recurring_hash IS NOT NULL AND queue = ANY(%(queues)s)
+), gone AS (
+  DELETE FROM {jobs} j
+  USING mine LEFT JOIN d ON d.key = mine.key
+  WHERE j.id = mine.id AND mine.scheduled_for > %(now)s::timestamptz
+    AND (d.key IS NULL OR mine.scheduled_for <> d.next_at)
+    AND j.status = 'queued' AND j.fence = 0
+  RETURNING j.id, d.key IS NULL AS removed
+), changed AS (
+  UPDATE {jobs} j
+  SET queue = d.queue, payload = d.next_payload, priority = d.priority,
+      max_attempts = d.max_attempts, recurring_hash = d.hash
+  FROM mine JOIN d ON d.key = mine.key
+  WHERE j.id = mine.id AND mine.scheduled_for = d.next_at AND j.recurring_hash <> d.hash
+    AND j.status = 'queued' AND j.fence = 0
+  RETURNING j.id
+), superseded AS (
+  DELETE FROM {jobs} j
+  USING mine JOIN d ON d.key = mine.key
+  WHERE j.id = mine.id AND d.catch_up IN ('latest', 'skip') AND mine.scheduled_for < d.latest_at
+    AND j.status = 'queued' AND j.fence = 0 AND j.recurring_hash IS NOT NULL
+  RETURNING mine.key
+), caught_up AS (
+  UPDATE {jobs} j
+  SET recurring_hash = NULL
+  FROM (SELECT DISTINCT ON (mine.key) mine.id, mine.key, mine.scheduled_for
+        FROM mine JOIN d ON d.key = mine.key
+        WHERE d.catch_up = 'all' AND mine.scheduled_for <= %(now)s::timestamptz
+        ORDER BY mine.key, mine.scheduled_for DESC) t
+  JOIN d ON d.key = t.key
+  WHERE j.id = t.id AND t.scheduled_for < d.latest_at
+    AND j.status = 'queued' AND j.fence = 0 AND j.recurring_hash IS NOT NULL
+  RETURNING t.key, t.scheduled_for AS since
+), inserted AS (
+  INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key,
+                      recurring_key, scheduled_for, recurring_hash)
+  SELECT d.queue, d.next_payload, d.next_at, d.priority, d.max_attempts, d.next_dedup,
+         d.key, d.next_at, d.hash
+  FROM d WHERE d.next_at IS NOT NULL
+  UNION ALL
+  SELECT d.queue, d.latest_payload, d.latest_at, d.priority, d.max_attempts, d.latest_dedup,
+         d.key, d.latest_at, d.hash
+  FROM d WHERE d.catch_up = 'latest' AND d.key IN (SELECT key FROM superseded)
+  UNION ALL
+  SELECT d.queue, m.payload, m.at, d.priority, d.max_attempts, m.dedup, d.key, m.at, d.hash
+  FROM missed m JOIN d ON d.key = m.key JOIN caught_up c ON c.key = m.key
+  WHERE m.at > c.since
+  ON CONFLICT DO NOTHING
+  RETURNING id
+)
+-- one row of sync counts (kind 'synced'; its id is the count of occurrences inserted)
+SELECT 'synced' AS kind, (SELECT count(*) FROM inserted) AS id, NULL::text AS status,
+       NULL::int AS attempts,
+       (SELECT count(*) FROM changed) AS changed,
+       (SELECT count(*) FROM gone WHERE removed) AS removed,
+       (SELECT count(*) FROM gone WHERE NOT removed) AS rescheduled,
+       (SELECT count(*) FROM superseded) AS superseded,
+       (SELECT count(*) FROM caught_up) AS caught_up;
+
