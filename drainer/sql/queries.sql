@@ -2,8 +2,9 @@
 --
 -- {jobs}, {archive} and {migrations} are identifiers composed with psycopg.sql.Identifier;
 -- %(name)s are parameters. Statements that act on a claimed job are fenced on
--- (id, status = 'running', attempts): a worker can only change a job it still owns,
--- and the row count tells it whether it did.
+-- (id, status = 'running', fence): a worker can only change a job it still owns, and the
+-- row count tells it whether it did. fence grows by one at every claim and nothing resets
+-- it, so a token never matches a later owner of the job.
 
 -- name: schema_version
 -- The latest migration applied to the jobs table (raises if the bookkeeping table is missing).
@@ -15,27 +16,42 @@ SELECT max(version) AS version FROM {migrations} WHERE table_name = %(table)s;
 -- LockRows and Limit: it touches only due queued rows and stops after the batch.
 -- `id = ANY(ARRAY(...))` keeps the UPDATE on the primary key in the generic plan too, whose
 -- unknown LIMIT would otherwise turn the join into a hash join over a Seq Scan of the table.
+--
+-- The first start_now rows (in claim order) start at once: their attempt is charged for
+-- certain (charged). The others are claimed ahead of their start: an expired lease gives
+-- their attempt back (reap_expired). A suspect (a job whose lease expired before) is only
+-- claimed among the first start_now rows; further back it is left queued for a later claim.
+-- `ranked` numbers the rows in claim order: a materialized CTE is read back in the order
+-- it was written, which is the ORDER BY's (no second sort).
 WITH next AS (
-  SELECT id FROM {jobs}
+  SELECT id, suspect FROM {jobs}
   WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
   ORDER BY priority DESC, run_at, id
   LIMIT %(batch_size)s
   FOR UPDATE SKIP LOCKED
+), ranked AS (
+  SELECT id, suspect, row_number() OVER () AS n FROM next
 )
 UPDATE {jobs} j
 SET status       = 'running',
     attempts     = j.attempts + 1,
+    fence        = j.fence + 1,
+    charged      = j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s)),
+    suspect      = false,
+    run_id       = %(run_id)s,
     locked_until = now() + make_interval(secs => %(lease)s)
-WHERE j.id = ANY (ARRAY(SELECT id FROM next))
+WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
-          j.locked_until;
+          j.locked_until, j.fence;
 
 -- name: complete_many
--- A batch of jobs succeeded: one statement for all of them. Returns the ids written.
+-- A batch of jobs succeeded: one statement for all of them, each with what its handler
+-- returned (NULL for nothing). Returns the ids written.
 UPDATE {jobs} j
-SET status = 'done', locked_until = NULL, finished_at = now()
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempts)
-WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(results)s::jsonb[])
+  AS o(id, fence, result)
+WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
 RETURNING j.id;
 
 -- name: complete_many_and_claim
@@ -59,31 +75,39 @@ RETURNING j.id;
 -- with a parameter the rows are found by primary key, one probe per id.
 WITH done AS (
   UPDATE {jobs} j
-  SET status = 'done', locked_until = NULL, finished_at = now()
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempts)
-  WHERE j.id = o.id AND j.status = %(running)s::text AND j.attempts = o.attempts
+  SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result
+  FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(results)s::jsonb[])
+    AS o(id, fence, result)
+  WHERE j.id = o.id AND j.status = %(running)s::text AND j.fence = o.fence
   RETURNING j.id
 ), next AS (
-  SELECT id FROM {jobs}
+  SELECT id, suspect FROM {jobs}
   WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
   ORDER BY priority DESC, run_at, id
   LIMIT %(batch_size)s
   FOR UPDATE SKIP LOCKED
+), ranked AS (
+  SELECT id, suspect, row_number() OVER () AS n FROM next
 ), claimed AS (
   UPDATE {jobs} j
   SET status       = 'running',
       attempts     = j.attempts + 1,
+      fence        = j.fence + 1,
+      charged      = j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s)),
+      suspect      = false,
+      run_id       = %(run_id)s,
       locked_until = now() + make_interval(secs => %(lease)s)
-  WHERE j.id = ANY (ARRAY(SELECT id FROM next))
+  WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
   RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
-            j.locked_until
+            j.locked_until, j.fence
 )
 SELECT 'done' AS kind, id, NULL AS queue, NULL::jsonb AS payload, NULL::int AS attempts,
        NULL::int AS max_attempts, NULL::int AS priority, NULL::timestamptz AS run_at,
-       NULL::timestamptz AS locked_until
+       NULL::timestamptz AS locked_until, NULL::bigint AS fence
 FROM done
 UNION ALL
-SELECT 'claimed', id, queue, payload, attempts, max_attempts, priority, run_at, locked_until
+SELECT 'claimed', id, queue, payload, attempts, max_attempts, priority, run_at, locked_until,
+       fence
 FROM claimed;
 
 -- name: generic_plan_for_this_transaction
@@ -99,14 +123,15 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
 -- name: delete_completed_many
 -- Like complete_many, for delete-on-complete: the row goes, no history is kept.
 DELETE FROM {jobs} j
-USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempts)
-WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+USING unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS o(id, fence)
+WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
 RETURNING j.id;
 
 -- name: fail_many
 -- Jobs failed: back to queued with run_at = now() + least(cap, base * 2^attempts)
 -- (20 s, 40 s, ... with the defaults), or failed for good once attempts >= max_attempts
--- (the row's, or the task's max_attempts when it sets one).
+-- (the row's, or the task's max_attempts when it sets one; 0 fails the job at once: a
+-- payload that cannot be decoded, an exception the task discards).
 -- 2^attempts is bounded so that a large max_attempts cannot overflow the interval.
 UPDATE {jobs} j
 SET status       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
@@ -119,10 +144,12 @@ SET status       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attemp
     locked_until = NULL,
     finished_at  = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
                         THEN now() END,
-    last_error   = o.error
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[],
-            %(max_attempts)s::int[]) AS o(id, attempts, error, max_attempts)
-WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+    last_error   = o.error,
+    charged      = false,
+    suspect      = false
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(errors)s::text[],
+            %(max_attempts)s::int[]) AS o(id, fence, error, max_attempts)
+WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
 RETURNING j.id, j.status, j.run_at;
 
 -- name: extend_many
@@ -130,29 +157,42 @@ RETURNING j.id, j.status, j.run_at;
 -- longer ours (reaped, cancelled or finished elsewhere): its handler is told to stop.
 UPDATE {jobs} j
 SET locked_until = now() + make_interval(secs => o.lease)
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(leases)s::float8[]) AS o(id, attempts, lease)
-WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(leases)s::float8[])
+  AS o(id, fence, lease)
+WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
 RETURNING j.id, j.locked_until;
 
 -- name: release_many
 -- Shutdown: claimed jobs that never started go back to queued at once, and the attempt
 -- the claim counted is given back.
 UPDATE {jobs} j
-SET status = 'queued', attempts = j.attempts - 1, locked_until = NULL
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempts)
-WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempts
+SET status = 'queued', attempts = j.attempts - 1, locked_until = NULL, charged = false
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS o(id, fence)
+WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
 RETURNING j.id;
 
 -- name: reap_expired
 -- Expired leases (a worker died or stalled) of the given queues go back to queued, or to
--- failed once max_attempts is reached, so a job that kills its worker cannot loop forever.
-UPDATE {jobs}
-SET status       = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
+-- failed once max_attempts is reached (the task's when it sets one, else the row's), so a
+-- job that kills its worker cannot loop forever. A job claimed ahead of its start
+-- (charged = false) gets the claim's attempt back: it may never have started. Every reaped
+-- job becomes a suspect, claimed next only where it starts at once and is charged, so a
+-- job that kills its drainer uses up its attempts wherever it was in its batch.
+UPDATE {jobs} j
+SET attempts     = j.attempts - (NOT j.charged)::int,
+    status       = CASE WHEN j.attempts - (NOT j.charged)::int
+                             >= coalesce(t.max_attempts, j.max_attempts)
+                        THEN 'failed' ELSE 'queued' END,
     locked_until = NULL,
-    finished_at  = CASE WHEN attempts >= max_attempts THEN now() END,
-    last_error   = coalesce(last_error, 'lease expired')
-WHERE status = 'running' AND locked_until < now() AND queue = ANY(%(queues)s)
-RETURNING id, status, attempts;
+    finished_at  = CASE WHEN j.attempts - (NOT j.charged)::int
+                             >= coalesce(t.max_attempts, j.max_attempts)
+                        THEN now() END,
+    last_error   = coalesce(j.last_error, 'lease expired'),
+    charged      = false,
+    suspect      = true
+FROM unnest(%(queues)s::text[], %(max_attempts)s::int[]) AS t(queue, max_attempts)
+WHERE j.status = 'running' AND j.locked_until < now() AND j.queue = t.queue
+RETURNING j.id, j.status, j.attempts;
 
 -- name: archive_delete
 -- Delete up to batch_size finished jobs of one status older than the cutoff.
@@ -172,10 +212,12 @@ WITH doomed AS (
 ), moved AS (
   DELETE FROM {jobs} j USING doomed WHERE j.id = doomed.id
   RETURNING j.id, j.queue, j.payload, j.status, j.run_at, j.attempts, j.max_attempts,
-            j.locked_until, j.last_error, j.created_at, j.priority, j.dedup_key, j.finished_at
+            j.locked_until, j.last_error, j.created_at, j.priority, j.dedup_key, j.finished_at,
+            j.fence, j.charged, j.suspect, j.result, j.run_id
 )
 INSERT INTO {archive} (id, queue, payload, status, run_at, attempts, max_attempts,
-                       locked_until, last_error, created_at, priority, dedup_key, finished_at)
+                       locked_until, last_error, created_at, priority, dedup_key, finished_at,
+                       fence, charged, suspect, result, run_id)
 SELECT * FROM moved;
 
 -- name: queue_summary
@@ -358,17 +400,18 @@ ORDER BY queue, jobs DESC, error;
 -- line of last_error.
 SELECT id, queue, status, attempts, max_attempts, priority, run_at, locked_until,
        created_at, finished_at, dedup_key,
-       left(split_part(last_error, E'\n', 1), 200) AS error
+       left(split_part(last_error, E'\n', 1), 200) AS error, result, run_id
 FROM {jobs}
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: job_get
 -- `drainer show`: one job, every column, the full last_error.
 SELECT id, queue, status, payload, attempts, max_attempts, priority, run_at, locked_until,
-       created_at, finished_at, dedup_key, last_error,
+       created_at, finished_at, dedup_key, last_error, result, run_id, fence, suspect,
        (status = 'running' AND locked_until < now()) AS lease_expired
 FROM {jobs}
 WHERE id = %(id)s;
