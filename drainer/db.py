@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import psycopg
 from psycopg import pq, sql
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from drainer._redact import redact
 from drainer.errors import ConfigError, DatabaseUnavailable
@@ -73,6 +74,8 @@ def identifiers(schema: str, table: str) -> dict[str, sql.Composable]:
         "article_idx": sql.Identifier(schema, f"{table}_ready_idx"),
         "notify_fn": sql.Identifier(schema, f"{table}_notify"),
         "notify_trigger": sql.Identifier(f"{table}_notify"),
+        "run_at_check": sql.Identifier(f"{table}_run_at_check"),
+        "control": sql.Identifier(schema, f"{table}_queues"),
     }
 
 
@@ -167,6 +170,7 @@ class ClaimedRow(NamedTuple):
     priority: int
     run_at: datetime
     locked_until: datetime
+    fence: int = 0
 
 
 def claim_order(row: ClaimedRow) -> tuple[int, datetime, int]:
@@ -196,6 +200,27 @@ def _int_array(values: Sequence[int]) -> bytes:
     return ("{" + ",".join(str(int(v)) for v in values) + "}").encode()
 
 
+def _results_param(ids: Sequence[int], results: Sequence[str | None] | None
+                   ) -> list[Jsonb | None]:
+    """The results array of a completion: JSON text per job (None: no result)."""
+    if results is None:
+        return [None] * len(ids)
+    return [None if r is None else Jsonb(r, dumps=_as_is) for r in results]
+
+
+def _as_is(text: Any) -> str:
+    return str(text)
+
+
+def _text_array(values: Sequence[str | None]) -> bytes:
+    """A text (or jsonb) array parameter in PostgreSQL's text form."""
+    def one(v: str | None) -> str:
+        if v is None:
+            return "NULL"
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return ("{" + ",".join(one(v) for v in values) + "}").encode()
+
+
 class Queries:
     """drainer's named statements bound to one connection and one jobs table.
 
@@ -207,6 +232,7 @@ class Queries:
         self.schema = schema
         self.table = table
         self.regclass = regclass_literal(schema, table)
+        self.run_id: str | None = None  # the run claims are recorded for (jobs --run)
         ids = identifiers(schema, table)
         self._sql = {
             name: sql.SQL(text).format(**ids).as_string(conn)
@@ -232,30 +258,39 @@ class Queries:
         return None if row is None else row[0]
 
     # -- the job lifecycle ----------------------------------------------------------------------
-    def claim_batch(self, queue: str, batch_size: int, lease: float) -> list[ClaimedRow]:
-        cur = self._exec(
-            "claim_batch", {"queue": queue, "batch_size": batch_size, "lease": lease}
-        )
+    def claim_batch(self, queue: str, batch_size: int, lease: float, *,
+                    start_now: int | None = None) -> list[ClaimedRow]:
+        cur = self._exec("claim_batch", {
+            "queue": queue, "batch_size": batch_size, "lease": lease,
+            "start_now": batch_size if start_now is None else start_now,
+            "run_id": self.run_id})
         rows = [ClaimedRow(*r) for r in cur.fetchall()]
         rows.sort(key=claim_order)
         return rows
 
-    def complete_many(self, ids: Sequence[int], attempts: Sequence[int], *,
-                      delete: bool = False) -> set[int]:
+    def complete_many(self, ids: Sequence[int], fences: Sequence[int], *,
+                      delete: bool = False, results: Sequence[str | None] | None = None,
+                      followups: str | None = None) -> set[int]:
         if not ids:
             return set()
         name = "delete_completed_many" if delete else "complete_many"
-        cur = self._exec(name, {"ids": list(ids), "attempts": list(attempts)})
+        cur = self._exec(name, {"ids": list(ids), "fences": list(fences),
+                                "results": _results_param(ids, results),
+                                "followups": followups or "[]"})
         return {r[0] for r in cur.fetchall()}
 
     def complete_many_and_claim(
-        self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-        lease: float,
+        self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
+        lease: float, *, start_now: int | None = None,
+        results: Sequence[str | None] | None = None, followups: str | None = None,
     ) -> tuple[set[int], list[ClaimedRow]]:
         """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
         cur = self._exec("complete_many_and_claim", {
-            "ids": list(ids), "attempts": list(attempts), "running": "running",
+            "ids": list(ids), "fences": list(fences), "running": "running",
             "queue": queue, "batch_size": batch_size, "lease": lease,
+            "start_now": batch_size if start_now is None else start_now,
+            "run_id": self.run_id, "results": _results_param(ids, results),
+            "followups": followups or "[]",
         })
         written: set[int] = set()
         rows: list[ClaimedRow] = []
@@ -274,7 +309,7 @@ class Queries:
         if not ids:
             return []
         cur = self._exec("fail_many", {
-            "ids": list(ids), "attempts": list(attempts), "errors": list(errors),
+            "ids": list(ids), "fences": list(attempts), "errors": list(errors),
             "max_attempts": list(max_attempts),
             "retry_base": retry_base, "retry_cap": retry_cap,
         })
@@ -286,18 +321,23 @@ class Queries:
         if not ids:
             return {}
         cur = self._exec("extend_many", {
-            "ids": list(ids), "attempts": list(attempts), "leases": list(leases),
+            "ids": list(ids), "fences": list(attempts), "leases": list(leases),
         })
         return {r[0]: r[1] for r in cur.fetchall()}
 
     def release_many(self, ids: Sequence[int], attempts: Sequence[int]) -> set[int]:
         if not ids:
             return set()
-        cur = self._exec("release_many", {"ids": list(ids), "attempts": list(attempts)})
+        cur = self._exec("release_many", {"ids": list(ids), "fences": list(attempts)})
         return {r[0] for r in cur.fetchall()}
 
-    def reap_expired(self, queues: Sequence[str]) -> list[tuple[int, str, int]]:
-        cur = self._exec("reap_expired", {"queues": list(queues)})
+    def reap_expired(self, queues: Sequence[str],
+                     max_attempts: Sequence[int | None] | None = None
+                     ) -> list[tuple[int, str, int]]:
+        cur = self._exec("reap_expired", {
+            "queues": list(queues),
+            "max_attempts": list(max_attempts) if max_attempts is not None
+            else [None] * len(queues)})
         return [(r[0], r[1], r[2]) for r in cur.fetchall()]
 
     def archive_batch(self, status: str, older_than: float, batch_size: int,
@@ -369,6 +409,7 @@ class ClaimPipeline:
 
     def __init__(self, queries: Queries) -> None:
         self.conn = queries.conn
+        self.queries = queries
         self.pgconn = queries.conn.pgconn
         self.text, self.names = positional(queries.text(self.NAME))
         self.encoding = queries.conn.info.encoding
@@ -388,7 +429,8 @@ class ClaimPipeline:
         return psycopg.Pipeline.is_supported()
 
     def send(self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-             lease: float) -> None:
+             lease: float, *, start_now: int = 0, results: Sequence[str | None] | None = None,
+             followups: str | None = None) -> None:
         """Send one completion + claim; the server runs it behind those sent before."""
         pgconn = self.pgconn
         if not self.in_flight:
@@ -399,7 +441,13 @@ class ClaimPipeline:
                     _check(res, self.encoding)
                 self.prepared = True
             pgconn.enter_pipeline_mode()
-        values = {"ids": _int_array(ids), "attempts": _int_array(attempts),
+        values = {"ids": _int_array(ids), "fences": _int_array(attempts),
+                  "results": _text_array(list(results) if results is not None
+                                         else [None] * len(ids)),
+                  "followups": (followups or "[]").encode(self.encoding),
+                  "start_now": str(int(start_now)).encode(),
+                  "run_id": None if self.queries.run_id is None
+                  else self.queries.run_id.encode(),
                   "running": b"running", "queue": queue.encode(self.encoding),
                   "batch_size": str(int(batch_size)).encode(),
                   "lease": repr(float(lease)).encode()}
@@ -448,7 +496,8 @@ class ClaimPipeline:
                     int(_value(get(i, 1))), queue(_value(get(i, 2))),
                     payload(_value(get(i, 3))), int(_value(get(i, 4))),
                     int(_value(get(i, 5))), int(_value(get(i, 6))),
-                    run_at(_value(get(i, 7))), locked_until(_value(get(i, 8)))))
+                    run_at(_value(get(i, 7))), locked_until(_value(get(i, 8))),
+                    int(_value(get(i, 9)))))
         rows.sort(key=claim_order)
         return written, rows
 

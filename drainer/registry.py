@@ -65,6 +65,8 @@ class Job:
     conn: psycopg.Connection[Any] | None = None
     """The claim's connection, inside its transaction (``transaction=True`` tasks only)."""
     _extend: Callable[[Job, float | None], bool] | None = field(default=None, repr=False)
+    fence: int = 0
+    """The job's fencing token for this claim (grows at every claim, never repeats)."""
 
     def extend(self, seconds: float | None = None) -> bool:
         """Push this job's lease to now + ``seconds`` (default: the task's lease).

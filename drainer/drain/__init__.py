@@ -75,6 +75,7 @@ def run_once(
         connected_at = time.monotonic()
         try:
             q = db.Queries(conn, settings.schema_name, settings.table)
+            q.run_id = report.run_id
             check_schema(q)
             logger.debug("drain started", extra={"run_id": report.run_id, "queues": queues})
             report.reaped = reaper.run_once(q, queues).reaped

@@ -187,7 +187,7 @@ class Claims:
         buf = self.outcomes.take_successes()
         try:
             written, rows = self.q.complete_many_and_claim(
-                [o.job.id for o in buf], [o.job.attempt for o in buf], task.queue, size,
+                [o.job.id for o in buf], [o.job.fence for o in buf], task.queue, size,
                 self.lease(task))
         except psycopg.errors.DeadlockDetected as exc:
             # the statement rolled back whole (nothing completed, nothing claimed): write
@@ -218,7 +218,7 @@ class Claims:
         task = self._task(self.cursor)
         size = self.size()
         buf = self.outcomes.take_successes()
-        self.pipeline.send([o.job.id for o in buf], [o.job.attempt for o in buf], task.queue,
+        self.pipeline.send([o.job.id for o in buf], [o.job.fence for o in buf], task.queue,
                            size, self.lease(task))
         self.ahead.append(_Ahead(buf, self.cursor, size))
 

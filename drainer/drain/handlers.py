@@ -68,7 +68,7 @@ def make_running(task: Task, row: ClaimedRow, lease: float, timeout: float | Non
     deadline = row.locked_until if timeout is None else (
         datetime.now(timezone.utc) + timedelta(seconds=timeout))
     job = Job(row.id, row.queue, row.payload, row.attempts,
-              task.max_attempts or row.max_attempts, deadline)
+              task.max_attempts or row.max_attempts, deadline, fence=row.fence)
     return Running(job, task, lease, now, None if timeout is None else now + timeout,
                    now + lease)
 

@@ -76,7 +76,7 @@ class Heartbeat(threading.Thread):
             assert self.queries is not None
             leases = [seconds if seconds is not None else r.lease for r in candidates]
             kept = self.queries.extend_many(
-                [r.job.id for r in candidates], [r.job.attempt for r in candidates], leases)
+                [r.job.id for r in candidates], [r.job.fence for r in candidates], leases)
         now = time.monotonic()
         for r, lease in zip(candidates, leases, strict=True):
             if r.job.id in kept:

@@ -243,7 +243,7 @@ class Drain:
             jobs.extend(self.handlers.take_back())
         if not jobs:
             return
-        released = self.q.release_many([r.job.id for r in jobs], [r.job.attempt for r in jobs])
+        released = self.q.release_many([r.job.id for r in jobs], [r.job.fence for r in jobs])
         self.report.released += len(released)
         logger.info("released %d claimed jobs that had not started", len(released),
                     extra={"run_id": self.report.run_id})

@@ -58,7 +58,7 @@ class Outcomes:
         if self.ok:
             buf = self.take_successes()
             self.written(buf, self.q.complete_many(
-                [o.job.id for o in buf], [o.job.attempt for o in buf], delete=self.delete))
+                [o.job.id for o in buf], [o.job.fence for o in buf], delete=self.delete))
         self.write_failures()
 
     def written(self, buf: Sequence[Outcome], ids: set[int]) -> None:
@@ -78,7 +78,7 @@ class Outcomes:
             return
         buf, self.failed = self.failed, []
         rows = self.q.fail_many(
-            [o.job.id for o in buf], [o.job.attempt for o in buf],
+            [o.job.id for o in buf], [o.job.fence for o in buf],
             [o.error or "unknown error" for o in buf], [o.task.max_attempts for o in buf],
             self.retry_base, self.retry_cap)
         by_id = {o.job.id: o for o in buf}
