@@ -200,6 +200,11 @@ def _int_array(values: Sequence[int]) -> bytes:
     return ("{" + ",".join(str(int(v)) for v in values) + "}").encode()
 
 
+#: The longest snooze sent (seconds, about 9,500 years): run_at is kept under 9999-01-01
+#: by the statement; this only keeps the interval itself representable.
+MAX_SNOOZE_S = 3e11
+
+
 def _results_param(ids: Sequence[int], results: Sequence[str | None] | None
                    ) -> list[Jsonb | None]:
     """The results array of a completion: JSON text per job (None: no result)."""
@@ -257,6 +262,24 @@ class Queries:
             return None
         return None if row is None else row[0]
 
+    def schema_version_and_paused(self) -> tuple[int | None, list[str]]:
+        """The schema version and the paused queues, in one statement (a table older than
+        migration 0004 has no control table: its version alone, no queue paused)."""
+        try:
+            row = self._exec("schema_version_and_paused", {"table": self.table}).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            if not self.conn.autocommit:
+                self.conn.rollback()
+            return self.schema_version(), []
+        assert row is not None
+        return row[0], list(row[1] or [])
+
+    def pause_queues(self, queues: Sequence[str]) -> list[str]:
+        return [r[0] for r in self._exec("queue_pause", {"queues": list(queues)})]
+
+    def resume_queues(self, queues: Sequence[str]) -> list[str]:
+        return [r[0] for r in self._exec("queue_resume", {"queues": list(queues)})]
+
     # -- the job lifecycle ----------------------------------------------------------------------
     def claim_batch(self, queue: str, batch_size: int, lease: float, *,
                     start_now: int | None = None) -> list[ClaimedRow]:
@@ -304,16 +327,51 @@ class Queries:
 
     def fail_many(
         self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
-        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,
+        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float, *,
+        bases: Sequence[float | None] | None = None, caps: Sequence[float | None] | None = None,
+        jitters: Sequence[float] | None = None,
     ) -> list[tuple[int, str, datetime]]:
+        """Failures, fenced; each row's backoff base/cap/jitter (None: retry_base/retry_cap,
+        no jitter)."""
         if not ids:
             return []
+        n = len(ids)
         cur = self._exec("fail_many", {
             "ids": list(ids), "fences": list(attempts), "errors": list(errors),
             "max_attempts": list(max_attempts),
-            "retry_base": retry_base, "retry_cap": retry_cap,
+            "bases": [retry_base if b is None else b for b in (bases or [None] * n)],
+            "caps": [retry_cap if c is None else c for c in (caps or [None] * n)],
+            "jitters": list(jitters or [0.0] * n),
         })
         return [(r[0], r[1], r[2]) for r in cur.fetchall()]
+
+    def snooze_many(self, ids: Sequence[int], fences: Sequence[int],
+                    seconds: Sequence[float]) -> dict[int, datetime]:
+        """Snoozed jobs back to queued, run_at moved on, no attempt used: {id: run_at}."""
+        if not ids:
+            return {}
+        cur = self._exec("snooze_many", {
+            "ids": list(ids), "fences": list(fences),
+            "seconds": [min(float(v), MAX_SNOOZE_S) for v in seconds]})
+        return {r[0]: r[1] for r in cur.fetchall()}
+
+    def claim_batch_capped(self, queue: str, batch_size: int, lease: float,
+                           max_running: int, *, start_now: int | None = None
+                           ) -> list[ClaimedRow]:
+        """claim_batch for a queue with max_running: in one transaction, under the queue's
+        advisory lock, at most max_running minus the jobs running under a live lease.
+        Sent as one pipeline (BEGIN, lock, claim, COMMIT): one round trip."""
+        params = {"queue": queue, "batch_size": batch_size, "lease": lease,
+                  "max_running": max_running,
+                  "start_now": batch_size if start_now is None else start_now,
+                  "run_id": self.run_id}
+        with self.conn.pipeline(), self.conn.transaction():
+            self._exec("queue_claim_lock",
+                       {"key": f"drainer:max_running:{self.schema}.{self.table}:{queue}"})
+            cur = self._exec("claim_batch_capped", params)
+        rows = [ClaimedRow(*r) for r in cur.fetchall()]
+        rows.sort(key=claim_order)
+        return rows
 
     def extend_many(
         self, ids: Sequence[int], attempts: Sequence[int], leases: Sequence[float]

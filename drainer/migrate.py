@@ -120,9 +120,12 @@ def install_notify_trigger(conn: psycopg.Connection[Any], schema: str, table: st
         ).format(trg=ids["notify_trigger"], jobs=ids["jobs"], fn=ids["notify_fn"]))
 
 
-def check_schema(queries: Queries) -> int:
-    """Raise SchemaError (exit 4) unless the table is migrated to the latest version."""
-    version = queries.schema_version()
+def check_schema(queries: Queries, *, known: tuple[int | None] | None = None) -> int:
+    """Raise SchemaError (exit 4) unless the table is migrated to the latest version.
+
+    ``known``: the version already read (by a statement that also read something else,
+    as the drain's schema_version_and_paused), instead of asking for it."""
+    version = queries.schema_version() if known is None else known[0]
     latest = latest_version()
     target = f"{queries.schema}.{queries.table}"
     if version is None:

@@ -76,11 +76,19 @@ def run_once(
         try:
             q = db.Queries(conn, settings.schema_name, settings.table)
             q.run_id = report.run_id
-            check_schema(q)
+            # the schema check and the run's one lookup of paused queues, one statement
+            version, paused = q.schema_version_and_paused()
+            check_schema(q, known=(version,))
             logger.debug("drain started", extra={"run_id": report.run_id, "queues": queues})
             report.reaped = reaper.run_once(q, queues).reaped
             limits = Limits(stop, deadline, settings.max_jobs)
-            _build(settings, registry, conn, q, report, limits, hurry, progress).run()
+            report.paused = [name for name in queues if name in paused]
+            if report.paused:
+                logger.info("queues paused, not claimed: %s", ", ".join(report.paused),
+                            extra={"run_id": report.run_id})
+                report.queues = [name for name in queues if name not in paused]
+            if report.queues:  # the queues drained (paused ones left out, also below)
+                _build(settings, registry, conn, q, report, limits, hurry, progress).run()
             if not stop.is_set():
                 _maintain(settings, q, report)
             else:
@@ -106,8 +114,10 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
 
     handlers = Handlers(settings.concurrency, settings.batch_size, settings.job_timeout,
                         may_start=lambda: not limits.must_release())
+    handlers.result_max_bytes = settings.result_max_bytes
     outcomes = Outcomes(q, report, delete=settings.delete_on_complete,
                         retry_base=settings.retry_base, retry_cap=settings.retry_cap)
+    outcomes.tasks = registry.tasks
 
     def in_transaction(task: Task, size: int) -> int:
         return transaction.run_batch(
@@ -124,6 +134,7 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
                   vacuum.BetweenBatches(q, settings.vacuum_every),
                   batch_size=settings.batch_size, grace=settings.grace, hurry=hurry,
                   lease=lease, progress=progress)
+    drain.retry_linger = settings.retry_linger
     interval = heartbeat_interval([lease(registry.tasks[name]) for name in report.queues])
     drain.heartbeat = Heartbeat(settings, report.run_id, interval, drain.leases,
                                 handlers.lock)

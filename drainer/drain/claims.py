@@ -157,8 +157,14 @@ class Claims:
 
     def can_combine(self) -> bool:
         """Whether the successes can go with the next claim (of the queue at the cursor)."""
-        return bool(self.outcomes.ok) and self.combine and \
-            not self._task(self.cursor).transaction
+        return bool(self.outcomes.ok) and self.combine and self._may_combine(self.cursor)
+
+    def _may_combine(self, idx: int) -> bool:
+        """A queue whose claims may go with completions and ahead: not transaction mode,
+        not capped by max_running (its claim takes the queue's lock, in its own
+        transaction)."""
+        task = self._task(idx)
+        return not task.transaction and task.max_running is None
 
     def _in_step(self, start: int, tries: int) -> tuple[Batch, bool]:
         n = len(self.queues)
@@ -174,7 +180,11 @@ class Claims:
                     self._took(idx, size, got, stay=True)
                     return [], True
                 continue
-            rows = self.q.claim_batch(task.queue, size, self.lease(task))
+            if task.max_running is not None:
+                rows = self.q.claim_batch_capped(task.queue, size, self.lease(task),
+                                                 task.max_running)
+            else:
+                rows = self.q.claim_batch(task.queue, size, self.lease(task))
             if rows:
                 self._took(idx, size, len(rows))
                 return [(task, r) for r in rows], True
@@ -188,7 +198,7 @@ class Claims:
         try:
             written, rows = self.q.complete_many_and_claim(
                 [o.job.id for o in buf], [o.job.fence for o in buf], task.queue, size,
-                self.lease(task))
+                self.lease(task), **self.outcomes.completion(buf))
         except psycopg.errors.DeadlockDetected as exc:
             # the statement rolled back whole (nothing completed, nothing claimed): write
             # and claim in two statements instead, which cannot take part in a cycle
@@ -210,7 +220,7 @@ class Claims:
         drain loop also asks whether batches run fast and nothing else is due)."""
         return (self.depth >= 2 and self.last_full and not self.outcomes.failed
                 and len(self.ahead) < self.depth and self.combine
-                and not self._task(self.cursor).transaction and self.size() > 0)
+                and self._may_combine(self.cursor) and self.size() > 0)
 
     def send_ahead(self) -> None:
         """Send the buffered successes and the next claim without waiting for the result."""
@@ -219,7 +229,7 @@ class Claims:
         size = self.size()
         buf = self.outcomes.take_successes()
         self.pipeline.send([o.job.id for o in buf], [o.job.fence for o in buf], task.queue,
-                           size, self.lease(task))
+                           size, self.lease(task), **self.outcomes.completion(buf))
         self.ahead.append(_Ahead(buf, self.cursor, size))
 
     def receive(self) -> Batch:

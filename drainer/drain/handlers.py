@@ -10,6 +10,7 @@ with those methods (today each async handler gets its own ``asyncio.run``).
 from __future__ import annotations
 
 import asyncio
+import json
 import queue as queue_mod
 import threading
 import time
@@ -20,13 +21,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from drainer.registry import Job, Task
+from drainer.registry import Job, Snooze, Task
 
 if TYPE_CHECKING:
     from drainer.db import ClaimedRow
 
 #: Longest error text kept in last_error.
 MAX_ERROR_CHARS = 4000
+
+#: Largest handler result kept (its JSON text, in bytes): the ``result_max_bytes`` setting.
+DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 
 
 @dataclass
@@ -42,6 +46,12 @@ class Outcome:
     ok: bool
     error: str | None = None
     duration_s: float = 0.0
+    result: str | None = None
+    """What the handler returned, as JSON text (None: it returned None)."""
+    snooze: float | None = None
+    """The handler raised Snooze(seconds): back to queued, no attempt used."""
+    discard: bool = False
+    """The failure is one the task discards (``discard_on``/``retry_on``): failed at once."""
 
 
 @dataclass
@@ -100,30 +110,65 @@ def _storable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def call(task: Task, job: Job) -> Outcome:
+def call(task: Task, job: Job, result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES) -> Outcome:
     """Run one handler and catch whatever it raises."""
     started = time.monotonic()
-    outcome = _call_handler(task, job)
+    outcome = _call_handler(task, job, result_max_bytes)
     outcome.duration_s = round(time.monotonic() - started, 6)
     return outcome
 
 
-def _call_handler(task: Task, job: Job) -> Outcome:
+def _call_handler(task: Task, job: Job, result_max_bytes: int) -> Outcome:
     try:
         if task.is_async:
             coro = task.func(job)
             if task.timeout is not None:
-                asyncio.run(asyncio.wait_for(coro, task.timeout))
+                value = asyncio.run(asyncio.wait_for(coro, task.timeout))
             else:
-                asyncio.run(coro)
+                value = asyncio.run(coro)
         else:
-            task.func(job)
+            value = task.func(job)
+    except Snooze as snooze:
+        return Outcome(job, task, False, str(snooze), snooze=snooze.seconds)
     except asyncio.TimeoutError:
         return Outcome(job, task, False, f"TimeoutError: handler exceeded its timeout of "
                        f"{task.timeout}s")
     except BaseException as exc:  # a handler may raise anything, SystemExit included
-        return Outcome(job, task, False, format_error(exc))
-    return Outcome(job, task, True)
+        return Outcome(job, task, False, format_error(exc), discard=task.discards(exc))
+    if value is None:
+        return Outcome(job, task, True)
+    try:
+        result = result_json(value, result_max_bytes)
+    except ResultError as exc:
+        return Outcome(job, task, False, f"ResultError: {exc}")
+    return Outcome(job, task, True, result=result)
+
+
+class ResultError(ValueError):
+    """A handler's return value that cannot be kept: not JSON-serialisable, or too big."""
+
+
+def result_json(value: Any, max_bytes: int) -> str:
+    """A handler's return value as the JSON text kept in ``result``; ResultError if it
+    cannot be serialised or is larger than ``max_bytes``."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ResultError(f"the handler's return value is not JSON-serialisable ({exc}); "
+                          "return None, or a dict/list/str/number") from None
+    if "\\u0000" in text:
+        raise ResultError("the handler's return value contains a NUL character, which "
+                          "PostgreSQL's jsonb refuses") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ResultError("the handler's return value has text that is not valid UTF-8 "
+                          "(a lone surrogate)") from None
+    if size > max_bytes:
+        raise ResultError(f"the handler's return value is {size} bytes of JSON, more than "
+                          f"result_max_bytes ({max_bytes}): store it elsewhere and return a "
+                          "reference") from None
+    return text
 
 
 class Handlers:
@@ -144,6 +189,7 @@ class Handlers:
         self.running: dict[int, Running] = {}
         self.done_q: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
         self.pool: HandlerThreads | None = None
+        self.result_max_bytes = DEFAULT_RESULT_MAX_BYTES
 
     def in_flight(self) -> int:
         # finish() marks a job done and removes it under the lock, so every job left in
@@ -179,7 +225,7 @@ class Handlers:
 
     def _thread_main(self, r: Running) -> None:
         try:
-            outcome = call(r.task, r.job)
+            outcome = call(r.task, r.job, self.result_max_bytes)
         except BaseException as exc:  # a lost outcome would leave the drain waiting forever
             outcome = Outcome(r.job, r.task, False,
                               f"{type(exc).__name__} while running the handler")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -32,6 +32,16 @@ class RunReport:
     stopped_by: str | None = None
     n_dead_tup: int | None = None
     last_autovacuum: str | None = None
+    snoozed: int = 0
+    """Jobs whose handler raised Snooze: back to queued later, no attempt used."""
+    discarded: int = 0
+    """Of ``failed``: failed at once by the task's discard_on/retry_on."""
+    followups: int = 0
+    """Follow-up jobs inserted with the successes of the jobs that enqueued them."""
+    paused: list[str] = field(default_factory=list)
+    """Queues of this drain not claimed because an operator paused them."""
+    lingered_s: float = 0.0
+    """Time spent waiting in the drain's tail for retries due soon (retry_linger)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

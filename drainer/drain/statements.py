@@ -19,18 +19,29 @@ class Statements(Protocol):
 
     def claim_batch(self, queue: str, batch_size: int, lease: float) -> list[ClaimedRow]: ...
 
-    def complete_many(self, ids: Sequence[int], attempts: Sequence[int], *,
-                      delete: bool = False) -> set[int]: ...
+    def complete_many(self, ids: Sequence[int], fences: Sequence[int], *,
+                      delete: bool = False, results: Sequence[str | None] | None = None,
+                      followups: str | None = None) -> set[int]: ...
 
     def complete_many_and_claim(
-        self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-        lease: float,
+        self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
+        lease: float, *, start_now: int | None = None,
+        results: Sequence[str | None] | None = None, followups: str | None = None,
     ) -> tuple[set[int], list[ClaimedRow]]: ...
 
     def fail_many(
         self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
-        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,
+        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float, *,
+        bases: Sequence[float | None] | None = None, caps: Sequence[float | None] | None = None,
+        jitters: Sequence[float] | None = None,
     ) -> list[tuple[int, str, datetime]]: ...
+
+    def snooze_many(self, ids: Sequence[int], fences: Sequence[int],
+                    seconds: Sequence[float]) -> dict[int, datetime]: ...
+
+    def claim_batch_capped(self, queue: str, batch_size: int, lease: float,
+                           max_running: int, *, start_now: int | None = None
+                           ) -> list[ClaimedRow]: ...
 
     def release_many(self, ids: Sequence[int], attempts: Sequence[int]) -> set[int]: ...
 
@@ -47,7 +58,8 @@ class Pipeline(Protocol):
     in_flight: int
 
     def send(self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-             lease: float) -> None: ...
+             lease: float, *, start_now: int = 0, results: Sequence[str | None] | None = None,
+             followups: str | None = None) -> None: ...
 
     def receive(self) -> tuple[set[int], list[ClaimedRow]]: ...
 
