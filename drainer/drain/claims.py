@@ -111,6 +111,10 @@ class Claims:
         self.cursor = 0  # index in `queues` of the next claim
         self.last_full = False  # the last claim filled its batch: claiming ahead may pay
         self.ahead: list[_Ahead] = []
+        # a max_running queue's claim got less than it asked (the cap, or nothing due):
+        # the report's finished count then; the drain claims again once it has finished
+        # jobs since (it freed slots), instead of taking "nothing claimed" for "drained"
+        self.capped_at: int | None = None
 
     # -- sizes and queues ---------------------------------------------------------------------
     def size(self) -> int:
@@ -183,6 +187,8 @@ class Claims:
             if task.max_running is not None:
                 rows = self.q.claim_batch_capped(task.queue, size, self.lease(task),
                                                  task.max_running)
+                if len(rows) < size:
+                    self.capped_at = self.report.finished
             else:
                 rows = self.q.claim_batch(task.queue, size, self.lease(task))
             if rows:
@@ -213,6 +219,14 @@ class Claims:
             return None
         self._took(idx, size, len(rows))
         return [(task, r) for r in rows], True
+
+    def freed_capped_slots(self) -> bool:
+        """Whether a max_running queue came back short and jobs finished since: claim
+        again (once per short claim)."""
+        if self.capped_at is None or self.report.finished <= self.capped_at:
+            return False
+        self.capped_at = None
+        return True
 
     # -- ahead --------------------------------------------------------------------------------
     def can_send_ahead(self) -> bool:

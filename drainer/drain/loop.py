@@ -127,6 +127,8 @@ class Drain:
         if self.outcomes.followups_due:
             self.outcomes.followups_due = False
             return True
+        if self.claims.freed_capped_slots():
+            return True
         due = self.outcomes.next_retry_at
         if due is None or self.retry_linger <= 0:
             return False
