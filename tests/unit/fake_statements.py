@@ -71,7 +71,7 @@ class FakeJobs:
         for r in due:
             r.status, r.attempts = "running", r.attempts + 1
             out.append(ClaimedRow(r.id, r.queue, {}, r.attempts, r.max_attempts, r.priority,
-                                  r.run_at, T0 + timedelta(seconds=lease)))
+                                  r.run_at, T0 + timedelta(seconds=lease), r.attempts))
         return sorted(out, key=claim_order)
 
     def _fenced(self, ids: Sequence[int], attempts: Sequence[int]) -> list[Row]:
@@ -90,20 +90,20 @@ class FakeJobs:
         return self._claim(queue, batch_size, lease)
 
     def complete_many(self, ids: Sequence[int], attempts: Sequence[int], *,
-                      delete: bool = False) -> set[int]:
+                      delete: bool = False, **_: Any) -> set[int]:
         self._send("complete_many")
         return self._complete(ids, attempts)
 
     def complete_many_and_claim(
         self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-        lease: float,
+        lease: float, **_: Any,
     ) -> tuple[set[int], list[ClaimedRow]]:
         self._send("complete_many_and_claim")
         return self._complete(ids, attempts), self._claim(queue, batch_size, lease)
 
     def fail_many(
         self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
-        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,
+        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float, **_: Any,
     ) -> list[tuple[int, str, datetime]]:
         self._send("fail_many")
         out = []
@@ -112,6 +112,23 @@ class FakeJobs:
             r.run_at = T0 + timedelta(hours=1)  # a retry is due later, not in this drain
             out.append((r.id, r.status, r.run_at))
         return out
+
+    def snooze_many(self, ids: Sequence[int], fences: Sequence[int],
+                    seconds: Sequence[float]) -> dict[int, datetime]:
+        self._send("snooze_many")
+        out = {}
+        for r, wait in zip(self._fenced(ids, fences), seconds, strict=False):
+            r.status, r.attempts = "queued", r.attempts - 1
+            r.run_at = T0 + timedelta(seconds=wait)
+            out[r.id] = r.run_at
+        return out
+
+    def claim_batch_capped(self, queue: str, batch_size: int, lease: float,
+                           max_running: int, **_: Any) -> list[ClaimedRow]:
+        self._send("claim_batch_capped")
+        running = sum(1 for r in self.rows.values()
+                      if r.queue == queue and r.status == "running")
+        return self._claim(queue, max(0, min(batch_size, max_running - running)), lease)
 
     def release_many(self, ids: Sequence[int], attempts: Sequence[int]) -> set[int]:
         self._send("release_many")
@@ -135,7 +152,7 @@ class FakeJobs:
 
     # -- Pipeline -----------------------------------------------------------------------------
     def send(self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-             lease: float) -> None:
+             lease: float, **_: Any) -> None:
         """The server runs statements in the order they were sent: run it now, answer later."""
         self.in_flight += 1
         try:
