@@ -397,3 +397,28 @@ def test_a_paused_queue_is_untouched_by_four_concurrent_drainers(
     cur = conn.execute(sql.SQL("SELECT status, attempts, fence, count(*) FROM {} WHERE queue "
                                "= 'held' GROUP BY 1, 2, 3").format(jobs_table(migrated)))
     assert cur.fetchall() == [("queued", 0, 0, 50)]
+
+
+def test_pause_resume_and_show_from_the_command_line(migrated: Settings, pg_url: str,
+                                                     conn: psycopg.Connection[Any]) -> None:
+    from tests.conftest import run_cli
+
+    out = run_cli(["pause", "emails", "sms", "--json"], pg_url=pg_url,
+                  schema=migrated.schema_name)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"paused": ["emails", "sms"], "already_paused": []}
+    out = run_cli(["status", "--json"], pg_url=pg_url, schema=migrated.schema_name)
+    assert sorted(json.loads(out.stdout)["paused_queues"]) == ["emails", "sms"]
+    out = run_cli(["resume", "sms"], pg_url=pg_url, schema=migrated.schema_name)
+    assert out.returncode == 0 and json.loads(out.stdout) == {"resumed": ["sms"],
+                                                              "not_paused": []}
+    from drainer.ops import render_counts
+
+    assert "resumed: sms" in render_counts(json.loads(out.stdout))
+    assert run_cli(["pause"], pg_url=pg_url, schema=migrated.schema_name).returncode == 2
+    q = Queries(conn, migrated.schema_name, migrated.table)
+    job_id = enqueue(conn, "r", {}, schema=migrated.schema_name)
+    (claimed,) = q.claim_batch("r", 1, 60)
+    q.complete_many([job_id], [claimed.fence], results=['{"ok": [1, 2]}'])
+    out = run_cli(["show", str(job_id), "--json"], pg_url=pg_url, schema=migrated.schema_name)
+    assert json.loads(out.stdout)["result"] == {"ok": [1, 2]}
