@@ -22,7 +22,6 @@ def collect_status(settings: Settings) -> dict[str, Any]:
         rows = q.fetch_dicts("status_counts")
         table = q.fetch_dicts("status_table", {"regclass": q.regclass})
         errors = q.fetch_dicts("status_failed_errors")
-        paused = q.fetch_dicts("queue_control_list")
     queues: dict[str, dict[str, Any]] = defaultdict(lambda: {
         "queued": 0, "running": 0, "done": 0, "failed": 0, "due": 0,
         "oldest_due_age_s": None, "next_due_at": None, "expired_leases": 0,
@@ -43,13 +42,14 @@ def collect_status(settings: Settings) -> dict[str, Any]:
         qd["failed_errors"].append(entry)
         if qd["top_failed_error"] is None:
             qd["top_failed_error"] = entry
+    t = table[0] if table else {}
+    paused = t.get("paused_queues") or []
     for p in paused:  # a paused queue is listed even with no jobs
         queues[p["queue"]]["paused"] = True
     totals = {s: sum(q[s] for q in queues.values())
               for s in ("queued", "running", "done", "failed", "due", "expired_leases")}
     ages = [q["oldest_due_age_s"] for q in queues.values() if q["oldest_due_age_s"] is not None]
     nexts = [q["next_due_at"] for q in queues.values() if q["next_due_at"] is not None]
-    t = table[0] if table else {}
     return {
         "schema": settings.schema_name,
         "table": settings.table,
@@ -59,7 +59,7 @@ def collect_status(settings: Settings) -> dict[str, Any]:
         "oldest_due_age_s": max(ages) if ages else None,
         "expired_leases": totals["expired_leases"],
         "next_due_at": min(nexts) if nexts else None,
-        "paused_queues": {p["queue"]: iso(p["paused_at"]) for p in paused},
+        "paused_queues": {p["queue"]: p["paused_at"] for p in paused},
         "table_bytes": t.get("table_bytes"),
         "index_bytes": t.get("index_bytes"),
         "total_bytes": t.get("total_bytes"),

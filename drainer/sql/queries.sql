@@ -495,14 +495,10 @@ UPDATE {control} SET paused = false, paused_at = NULL, updated_at = now()
 WHERE queue = ANY(%(queues)s) AND paused
 RETURNING queue;
 
--- name: queue_control_list
--- `drainer status`: the paused queues, with since when.
-SELECT queue, paused_at FROM {control} WHERE paused ORDER BY queue;
-
 -- name: status_table
 -- Size and vacuum state of the jobs table, and the sessions that matter for it: other
 -- drainer connections now, and the oldest open transaction in this database (it holds
--- back VACUUM of every table, the jobs table first).
+-- back VACUUM of every table, the jobs table first), and the paused queues.
 SELECT pg_total_relation_size(c.oid) AS total_bytes,
        pg_relation_size(c.oid) AS table_bytes,
        pg_indexes_size(c.oid) AS index_bytes,
@@ -513,7 +509,12 @@ SELECT pg_total_relation_size(c.oid) AS total_bytes,
           AND a.application_name LIKE 'drainer%%') AS drainer_sessions,
        (SELECT extract(epoch FROM now() - min(a.xact_start)) FROM pg_stat_activity a
         WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-          AND a.backend_type = 'client backend') AS oldest_xact_age_s
+          AND a.backend_type = 'client backend') AS oldest_xact_age_s,
+       -- the paused queues (`drainer pause`), with since when: in this statement so that
+       -- status stays four
+       (SELECT coalesce(jsonb_agg(jsonb_build_object('queue', queue, 'paused_at', paused_at)
+                                  ORDER BY queue), '[]'::jsonb)
+        FROM {control} WHERE paused) AS paused_queues
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = %(regclass)s::regclass;
