@@ -16,6 +16,7 @@ from psycopg import pq, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from drainer._loaders import register_safe_loaders
 from drainer._redact import redact
 from drainer.errors import ConfigError, DatabaseUnavailable
 
@@ -71,10 +72,10 @@ def identifiers(schema: str, table: str) -> dict[str, sql.Composable]:
         "lease_idx": sql.Identifier(f"{table}_lease_idx"),
         "finished_idx": sql.Identifier(f"{table}_finished_idx"),
         "dedup_idx": sql.Identifier(f"{table}_dedup_idx"),
+        "run_at_check": sql.Identifier(f"{table}_run_at_check"),
         "article_idx": sql.Identifier(schema, f"{table}_ready_idx"),
         "notify_fn": sql.Identifier(schema, f"{table}_notify"),
         "notify_trigger": sql.Identifier(f"{table}_notify"),
-        "run_at_check": sql.Identifier(f"{table}_run_at_check"),
         "control": sql.Identifier(schema, f"{table}_queues"),
     }
 
@@ -147,6 +148,8 @@ def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[
             continue
         if not settings.prepared_statements:
             conn.prepare_threshold = None
+        # a row the client cannot represent must not fail a whole claim or an ops command
+        register_safe_loaders(conn.adapters)
         return conn
     assert last is not None
     raise DatabaseUnavailable(
@@ -170,7 +173,9 @@ class ClaimedRow(NamedTuple):
     priority: int
     run_at: datetime
     locked_until: datetime
-    fence: int = 0
+    fence: int | None = None
+    """The claim's token: grows by one at every claim, never reset (retry included).
+    Always set by the claim statements; a row built by hand without one uses attempts."""
 
 
 def claim_order(row: ClaimedRow) -> tuple[int, datetime, int]:
@@ -226,6 +231,11 @@ def _text_array(values: Sequence[str | None]) -> bytes:
     return ("{" + ",".join(one(v) for v in values) + "}").encode()
 
 
+def _start_now(start_now: int | None, batch_size: int) -> int:
+    """How many of a claim's rows start at once (None: all of them)."""
+    return batch_size if start_now is None else max(0, int(start_now))
+
+
 class Queries:
     """drainer's named statements bound to one connection and one jobs table.
 
@@ -237,7 +247,6 @@ class Queries:
         self.schema = schema
         self.table = table
         self.regclass = regclass_literal(schema, table)
-        self.run_id: str | None = None  # the run claims are recorded for (jobs --run)
         ids = identifiers(schema, table)
         self._sql = {
             name: sql.SQL(text).format(**ids).as_string(conn)
@@ -282,11 +291,13 @@ class Queries:
 
     # -- the job lifecycle ----------------------------------------------------------------------
     def claim_batch(self, queue: str, batch_size: int, lease: float, *,
-                    start_now: int | None = None) -> list[ClaimedRow]:
+                    start_now: int | None = None, run_id: str | None = None
+                    ) -> list[ClaimedRow]:
+        """Claim up to ``batch_size`` due jobs; the first ``start_now`` (default: all) start
+        at once and are charged their attempt; ``run_id`` is recorded on each row."""
         cur = self._exec("claim_batch", {
             "queue": queue, "batch_size": batch_size, "lease": lease,
-            "start_now": batch_size if start_now is None else start_now,
-            "run_id": self.run_id})
+            "start_now": _start_now(start_now, batch_size), "run_id": run_id})
         rows = [ClaimedRow(*r) for r in cur.fetchall()]
         rows.sort(key=claim_order)
         return rows
@@ -294,6 +305,8 @@ class Queries:
     def complete_many(self, ids: Sequence[int], fences: Sequence[int], *,
                       delete: bool = False, results: Sequence[str | None] | None = None,
                       followups: str | None = None) -> set[int]:
+        """Mark jobs done, fenced; ``results``: what each handler returned, as JSON text
+        (None: NULL); ``followups``: the follow-up jobs, a JSON array (see queries.sql)."""
         if not ids:
             return set()
         name = "delete_completed_many" if delete else "complete_many"
@@ -304,15 +317,15 @@ class Queries:
 
     def complete_many_and_claim(
         self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
-        lease: float, *, start_now: int | None = None,
+        lease: float, *, start_now: int | None = None, run_id: str | None = None,
         results: Sequence[str | None] | None = None, followups: str | None = None,
     ) -> tuple[set[int], list[ClaimedRow]]:
         """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
         cur = self._exec("complete_many_and_claim", {
-            "ids": list(ids), "fences": list(fences), "running": "running",
+            "ids": list(ids), "fences": list(fences),
+            "results": _results_param(ids, results), "running": "running",
             "queue": queue, "batch_size": batch_size, "lease": lease,
-            "start_now": batch_size if start_now is None else start_now,
-            "run_id": self.run_id, "results": _results_param(ids, results),
+            "start_now": _start_now(start_now, batch_size), "run_id": run_id,
             "followups": followups or "[]",
         })
         written: set[int] = set()
@@ -326,7 +339,7 @@ class Queries:
         return written, rows
 
     def fail_many(
-        self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
+        self, ids: Sequence[int], fences: Sequence[int], errors: Sequence[str],
         max_attempts: Sequence[int | None], retry_base: float, retry_cap: float, *,
         bases: Sequence[float | None] | None = None, caps: Sequence[float | None] | None = None,
         jitters: Sequence[float] | None = None,
@@ -337,7 +350,7 @@ class Queries:
             return []
         n = len(ids)
         cur = self._exec("fail_many", {
-            "ids": list(ids), "fences": list(attempts), "errors": list(errors),
+            "ids": list(ids), "fences": list(fences), "errors": list(errors),
             "max_attempts": list(max_attempts),
             "bases": [retry_base if b is None else b for b in (bases or [None] * n)],
             "caps": [retry_cap if c is None else c for c in (caps or [None] * n)],
@@ -356,15 +369,14 @@ class Queries:
         return {r[0]: r[1] for r in cur.fetchall()}
 
     def claim_batch_capped(self, queue: str, batch_size: int, lease: float,
-                           max_running: int, *, start_now: int | None = None
-                           ) -> list[ClaimedRow]:
+                           max_running: int, *, start_now: int | None = None,
+                           run_id: str | None = None) -> list[ClaimedRow]:
         """claim_batch for a queue with max_running: in one transaction, under the queue's
         advisory lock, at most max_running minus the jobs running under a live lease.
         Sent as one pipeline (BEGIN, lock, claim, COMMIT): one round trip."""
         params = {"queue": queue, "batch_size": batch_size, "lease": lease,
                   "max_running": max_running,
-                  "start_now": batch_size if start_now is None else start_now,
-                  "run_id": self.run_id}
+                  "start_now": _start_now(start_now, batch_size), "run_id": run_id}
         with self.conn.pipeline(), self.conn.transaction():
             self._exec("queue_claim_lock",
                        {"key": f"drainer:max_running:{self.schema}.{self.table}:{queue}"})
@@ -374,28 +386,33 @@ class Queries:
         return rows
 
     def extend_many(
-        self, ids: Sequence[int], attempts: Sequence[int], leases: Sequence[float]
+        self, ids: Sequence[int], fences: Sequence[int], leases: Sequence[float]
     ) -> dict[int, datetime]:
         if not ids:
             return {}
         cur = self._exec("extend_many", {
-            "ids": list(ids), "fences": list(attempts), "leases": list(leases),
+            "ids": list(ids), "fences": list(fences), "leases": list(leases),
         })
         return {r[0]: r[1] for r in cur.fetchall()}
 
-    def release_many(self, ids: Sequence[int], attempts: Sequence[int]) -> set[int]:
+    def release_many(self, ids: Sequence[int], fences: Sequence[int]) -> set[int]:
         if not ids:
             return set()
-        cur = self._exec("release_many", {"ids": list(ids), "fences": list(attempts)})
+        cur = self._exec("release_many", {"ids": list(ids), "fences": list(fences)})
         return {r[0] for r in cur.fetchall()}
+
+    def lock_running(self, job_id: int, fence: int) -> bool:
+        """Lock a job we still own (FOR UPDATE, fenced), inside the caller's transaction."""
+        return self._exec("lock_running", {"id": job_id, "fence": fence}).fetchone() \
+            is not None
 
     def reap_expired(self, queues: Sequence[str],
                      max_attempts: Sequence[int | None] | None = None
                      ) -> list[tuple[int, str, int]]:
-        cur = self._exec("reap_expired", {
-            "queues": list(queues),
-            "max_attempts": list(max_attempts) if max_attempts is not None
-            else [None] * len(queues)})
+        """Reap the expired leases of ``queues``; ``max_attempts``: each queue's task's
+        max_attempts (None: the row's)."""
+        limits = list(max_attempts) if max_attempts is not None else [None] * len(queues)
+        cur = self._exec("reap_expired", {"queues": list(queues), "max_attempts": limits})
         return [(r[0], r[1], r[2]) for r in cur.fetchall()]
 
     def archive_batch(self, status: str, older_than: float, batch_size: int,
@@ -467,7 +484,6 @@ class ClaimPipeline:
 
     def __init__(self, queries: Queries) -> None:
         self.conn = queries.conn
-        self.queries = queries
         self.pgconn = queries.conn.pgconn
         self.text, self.names = positional(queries.text(self.NAME))
         self.encoding = queries.conn.info.encoding
@@ -486,9 +502,10 @@ class ClaimPipeline:
         """Whether the libpq psycopg uses has pipeline mode (libpq 14 and later)."""
         return psycopg.Pipeline.is_supported()
 
-    def send(self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-             lease: float, *, start_now: int = 0, results: Sequence[str | None] | None = None,
-             followups: str | None = None) -> None:
+    def send(self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
+             lease: float, start_now: int | None = None, run_id: str | None = None,
+             results: Sequence[str | None] | None = None, followups: str | None = None
+             ) -> None:
         """Send one completion + claim; the server runs it behind those sent before."""
         pgconn = self.pgconn
         if not self.in_flight:
@@ -499,16 +516,15 @@ class ClaimPipeline:
                     _check(res, self.encoding)
                 self.prepared = True
             pgconn.enter_pipeline_mode()
-        values = {"ids": _int_array(ids), "fences": _int_array(attempts),
-                  "results": _text_array(list(results) if results is not None
-                                         else [None] * len(ids)),
-                  "followups": (followups or "[]").encode(self.encoding),
-                  "start_now": str(int(start_now)).encode(),
-                  "run_id": None if self.queries.run_id is None
-                  else self.queries.run_id.encode(),
-                  "running": b"running", "queue": queue.encode(self.encoding),
-                  "batch_size": str(int(batch_size)).encode(),
-                  "lease": repr(float(lease)).encode()}
+        values: dict[str, bytes | None] = {
+            "ids": _int_array(ids), "fences": _int_array(fences),
+            "results": _text_array(list(results) if results is not None
+                                   else [None] * len(ids)),
+            "followups": (followups or "[]").encode(self.encoding), "running": b"running",
+            "queue": queue.encode(self.encoding), "batch_size": str(int(batch_size)).encode(),
+            "lease": repr(float(lease)).encode(),
+            "start_now": str(_start_now(start_now, batch_size)).encode(),
+            "run_id": None if run_id is None else run_id.encode(self.encoding)}
         params: list[bytes | None] = [values[n] for n in self.names]
         if self.generic:
             pgconn.send_query_params(self.generic_plan, None)
@@ -542,7 +558,8 @@ class ClaimPipeline:
             _check(res, self.encoding)
             if not res.ntuples:
                 continue
-            # kind, id, queue, payload, attempts, max_attempts, priority, run_at, locked_until
+            # kind, id, queue, payload, attempts, max_attempts, priority, run_at, locked_until,
+            # fence
             queue, payload, run_at, locked_until = (
                 self._loader(res.ftype(c)) for c in (2, 3, 7, 8))
             get = res.get_value

@@ -124,9 +124,10 @@ class Job:
     """Set when the lease was lost (reaped, cancelled) or shutdown began: stop soon."""
     conn: psycopg.Connection[Any] | None = None
     """The claim's connection, inside its transaction (``transaction=True`` tasks only)."""
-    _extend: Callable[[Job, float | None], bool] | None = field(default=None, repr=False)
     fence: int = 0
-    """The job's fencing token for this claim (grows at every claim, never repeats)."""
+    """The claim's token (grows at every claim of the job, never reset; ``attempt`` is the
+    attempts count, which ``drainer retry`` resets)."""
+    _extend: Callable[[Job, float | None], bool] | None = field(default=None, repr=False)
     followups: list[FollowUp] = field(default_factory=list, repr=False)
     """Jobs enqueued by the handler with :meth:`enqueue`, inserted with its success."""
 

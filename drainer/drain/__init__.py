@@ -75,12 +75,12 @@ def run_once(
         connected_at = time.monotonic()
         try:
             q = db.Queries(conn, settings.schema_name, settings.table)
-            q.run_id = report.run_id
             # the schema check and the run's one lookup of paused queues, one statement
             version, paused = q.schema_version_and_paused()
             check_schema(q, known=(version,))
             logger.debug("drain started", extra={"run_id": report.run_id, "queues": queues})
-            report.reaped = reaper.run_once(q, queues).reaped
+            report.reaped = reaper.run_once(
+                q, queues, [registry.tasks[name].max_attempts for name in queues]).reaped
             limits = Limits(stop, deadline, settings.max_jobs)
             report.paused = [name for name in queues if name in paused]
             if report.paused:
@@ -119,21 +119,26 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
                         retry_base=settings.retry_base, retry_cap=settings.retry_cap)
     outcomes.tasks = registry.tasks
 
-    def in_transaction(task: Task, size: int) -> int:
-        return transaction.run_batch(
-            conn, q, outcomes, task, size, lease(task),
-            lambda t, row: make_running(t, row, lease(t), handlers.timeout(t)))
+    runner = transaction.TransactionRunner(
+        settings, q, outcomes, report,
+        lambda t, row: make_running(t, row, lease(t), handlers.timeout(t)), lease,
+        grace=settings.grace, stopping=limits.must_release, hurry=hurry)
+
+    def free_slots() -> int:
+        # the jobs of an in-step claim that start at once: one when sequential
+        return 1 if settings.concurrency == 1 else \
+            settings.concurrency - handlers.in_flight()
 
     pipelined = db.ClaimPipeline.supported() and settings.pipeline_depth >= 2
     claims = Claims(q, db.ClaimPipeline(q) if pipelined else None, outcomes, report,
                     registry.tasks, batch_size=settings.batch_size,
                     max_jobs=settings.max_jobs, depth=settings.pipeline_depth,
                     combine=not settings.delete_on_complete, lease=lease,
-                    run_in_transaction=in_transaction)
+                    run_in_transaction=runner.run_batch, free_slots=free_slots)
     drain = Drain(report, q, claims, handlers, outcomes, limits,
                   vacuum.BetweenBatches(q, settings.vacuum_every),
                   batch_size=settings.batch_size, grace=settings.grace, hurry=hurry,
-                  lease=lease, progress=progress)
+                  lease=lease, progress=progress, on_close=runner.close)
     drain.retry_linger = settings.retry_linger
     interval = heartbeat_interval([lease(registry.tasks[name]) for name in report.queues])
     drain.heartbeat = Heartbeat(settings, report.run_id, interval, drain.leases,

@@ -95,7 +95,8 @@ class Claims:
                  report: RunReport, tasks: dict[str, Task], *, batch_size: int,
                  max_jobs: int | None, depth: int, combine: bool,
                  lease: Callable[[Task], float],
-                 run_in_transaction: Callable[[Task, int], int]) -> None:
+                 run_in_transaction: Callable[[Task, int], int],
+                 free_slots: Callable[[], int] | None = None) -> None:
         self.q = statements
         self.pipeline = pipeline
         self.outcomes = outcomes
@@ -108,6 +109,9 @@ class Claims:
         self.combine = combine  # successes may be written with a claim (not delete mode)
         self.lease = lease
         self.run_in_transaction = run_in_transaction
+        # how many jobs of an in-step claim start at once (charged their attempt); claims
+        # sent ahead start none. At least 1, so that a suspect at the head is taken.
+        self.free_slots = free_slots or (lambda: batch_size)
         self.cursor = 0  # index in `queues` of the next claim
         self.last_full = False  # the last claim filled its batch: claiming ahead may pay
         self.ahead: list[_Ahead] = []
@@ -120,6 +124,10 @@ class Claims:
     def size(self) -> int:
         return claim_size(self.batch_size, self.max_jobs, self.report.claimed,
                           sum(a.size for a in self.ahead))
+
+    def start_now(self) -> int:
+        """The jobs of an in-step or combined claim that start at once."""
+        return max(1, self.free_slots())
 
     def _task(self, idx: int) -> Task:
         return self.tasks[self.queues[idx]]
@@ -186,11 +194,14 @@ class Claims:
                 continue
             if task.max_running is not None:
                 rows = self.q.claim_batch_capped(task.queue, size, self.lease(task),
-                                                 task.max_running)
+                                                 task.max_running, start_now=self.start_now(),
+                                                 run_id=self.report.run_id)
                 if len(rows) < size:
                     self.capped_at = self.report.finished
             else:
-                rows = self.q.claim_batch(task.queue, size, self.lease(task))
+                rows = self.q.claim_batch(task.queue, size, self.lease(task),
+                                          start_now=self.start_now(),
+                                          run_id=self.report.run_id)
             if rows:
                 self._took(idx, size, len(rows))
                 return [(task, r) for r in rows], True
@@ -204,7 +215,8 @@ class Claims:
         try:
             written, rows = self.q.complete_many_and_claim(
                 [o.job.id for o in buf], [o.job.fence for o in buf], task.queue, size,
-                self.lease(task), **self.outcomes.completion(buf))
+                self.lease(task), start_now=self.start_now(), run_id=self.report.run_id,
+                **self.outcomes.completion(buf))
         except psycopg.errors.DeadlockDetected as exc:
             # the statement rolled back whole (nothing completed, nothing claimed): write
             # and claim in two statements instead, which cannot take part in a cycle
@@ -242,8 +254,10 @@ class Claims:
         task = self._task(self.cursor)
         size = self.size()
         buf = self.outcomes.take_successes()
+        # claimed ahead: none starts at once (an expired lease gives their attempts back)
         self.pipeline.send([o.job.id for o in buf], [o.job.fence for o in buf], task.queue,
-                           size, self.lease(task), **self.outcomes.completion(buf))
+                           size, self.lease(task), 0, self.report.run_id,
+                           *self.outcomes.completion(buf).values())
         self.ahead.append(_Ahead(buf, self.cursor, size))
 
     def receive(self) -> Batch:

@@ -52,6 +52,8 @@ class Outcome:
     """The handler raised Snooze(seconds): back to queued, no attempt used."""
     discard: bool = False
     """The failure is one the task discards (``discard_on``/``retry_on``): failed at once."""
+    max_attempts: int | None = None
+    """Overrides the task's max_attempts for this failure (0: failed at once)."""
 
 
 @dataclass
@@ -78,7 +80,8 @@ def make_running(task: Task, row: ClaimedRow, lease: float, timeout: float | Non
     deadline = row.locked_until if timeout is None else (
         datetime.now(timezone.utc) + timedelta(seconds=timeout))
     job = Job(row.id, row.queue, row.payload, row.attempts,
-              task.max_attempts or row.max_attempts, deadline, fence=row.fence)
+              task.max_attempts or row.max_attempts, deadline,
+              fence=row.attempts if row.fence is None else row.fence)
     return Running(job, task, lease, now, None if timeout is None else now + timeout,
                    now + lease)
 

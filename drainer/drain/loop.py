@@ -22,7 +22,7 @@ from drainer.drain.claims import Batch, BatchClock, Claims
 from drainer.drain.handlers import Handlers, Running, make_running
 from drainer.drain.leases import HEARTBEAT_FRACTION, Heartbeat
 from drainer.drain.limits import Limits, record
-from drainer.drain.outcomes import Outcomes
+from drainer.drain.outcomes import Outcomes, undecodable
 from drainer.drain.report import RunReport, job_extra
 from drainer.drain.statements import Statements
 from drainer.registry import Job, Task
@@ -51,7 +51,8 @@ class Drain:
                  vacuum: BetweenBatches | None, *, batch_size: int, grace: float,
                  hurry: threading.Event, lease: Callable[[Task], float],
                  heartbeat: Heartbeat | None = None,
-                 progress: Callable[[RunReport], None] | None = None) -> None:
+                 progress: Callable[[RunReport], None] | None = None,
+                 on_close: Callable[[], None] | None = None) -> None:
         self.report = report
         self.q = statements
         self.claims = claims
@@ -64,6 +65,7 @@ class Drain:
         self.hurry = hurry
         self.lease = lease
         self.heartbeat = heartbeat
+        self.on_close = on_close  # at the end of the loop (the transaction connection)
         self.progress = None if progress is None else _Progress(progress, statements, report)
         self.phase = Phase.CLAIMING
         self.retry_linger = 0.0  # seconds to wait in the tail for a retry due that soon
@@ -93,6 +95,8 @@ class Drain:
                 if self.heartbeat is not None:
                     self.heartbeat.stop()
                 self.handlers.shutdown()
+                if self.on_close is not None:
+                    self.on_close()
 
     def step(self) -> None:
         """One turn of the loop while CLAIMING or DRAINED."""
@@ -236,6 +240,10 @@ class Drain:
     def _take(self, batch: Batch) -> None:
         for task, row in batch:
             r = make_running(task, row, self.lease(task), self.handlers.timeout(task))
+            poison = undecodable(r)
+            if poison is not None:
+                self.outcomes.add(poison)  # failed at once; the rest of the batch runs
+                continue
             r.job._extend = self._extend_one
             self.pending.append(r)
 

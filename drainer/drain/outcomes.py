@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from drainer.drain.handlers import Outcome
+from drainer._loaders import UndecodablePayload
+from drainer.drain.handlers import Outcome, Running
 from drainer.drain.report import RunReport, job_extra
 from drainer.drain.statements import Statements
 
@@ -21,6 +22,16 @@ if TYPE_CHECKING:
 DEFAULT_MAX_ATTEMPTS = 5
 
 logger = logging.getLogger("drainer.drain")
+
+
+def undecodable(r: Running) -> Outcome | None:
+    """A job whose payload the client could not decode: failed at once, on its own (it
+    would fail the same way every time), before any handler sees it."""
+    payload = r.job.payload
+    if not isinstance(payload, UndecodablePayload):
+        return None
+    return Outcome(r.job, r.task, False, f"payload cannot be decoded: {payload.error}",
+                   max_attempts=0)
 
 
 class Outcomes:
@@ -48,7 +59,8 @@ class Outcomes:
         return len(self.ok) + len(self.failed) + len(self.snoozed)
 
     def completion(self, buf: Sequence[Outcome]) -> dict[str, Any]:
-        """The results and follow-ups of successes, as the completion statements take them."""
+        """The results and follow-ups of successes, as the completion statements take them
+        (in this order, for the pipeline's positional parameters)."""
         followups = [self._followup(f, o.job.id) for o in buf for f in o.job.followups]
         return {"results": [o.result for o in buf],
                 "followups": json.dumps(followups) if followups else None}
@@ -121,7 +133,8 @@ class Outcomes:
         rows = self.q.fail_many(
             [o.job.id for o in buf], [o.job.fence for o in buf],
             [o.error or "unknown error" for o in buf],
-            [0 if o.discard else o.task.attempts_limit for o in buf],
+            [0 if o.discard else o.task.attempts_limit if o.max_attempts is None
+             else o.max_attempts for o in buf],
             self.retry_base, self.retry_cap,
             bases=[None if p is None else p.base for p in policies],
             caps=[None if p is None else p.cap for p in policies],

@@ -17,7 +17,9 @@ from drainer.db import ClaimedRow
 class Statements(Protocol):
     """Statements sent one at a time, each waiting for its result (autocommit)."""
 
-    def claim_batch(self, queue: str, batch_size: int, lease: float) -> list[ClaimedRow]: ...
+    def claim_batch(self, queue: str, batch_size: int, lease: float, *,
+                    start_now: int | None = None, run_id: str | None = None
+                    ) -> list[ClaimedRow]: ...
 
     def complete_many(self, ids: Sequence[int], fences: Sequence[int], *,
                       delete: bool = False, results: Sequence[str | None] | None = None,
@@ -25,12 +27,12 @@ class Statements(Protocol):
 
     def complete_many_and_claim(
         self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
-        lease: float, *, start_now: int | None = None,
+        lease: float, *, start_now: int | None = None, run_id: str | None = None,
         results: Sequence[str | None] | None = None, followups: str | None = None,
     ) -> tuple[set[int], list[ClaimedRow]]: ...
 
     def fail_many(
-        self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
+        self, ids: Sequence[int], fences: Sequence[int], errors: Sequence[str],
         max_attempts: Sequence[int | None], retry_base: float, retry_cap: float, *,
         bases: Sequence[float | None] | None = None, caps: Sequence[float | None] | None = None,
         jitters: Sequence[float] | None = None,
@@ -40,10 +42,10 @@ class Statements(Protocol):
                     seconds: Sequence[float]) -> dict[int, datetime]: ...
 
     def claim_batch_capped(self, queue: str, batch_size: int, lease: float,
-                           max_running: int, *, start_now: int | None = None
-                           ) -> list[ClaimedRow]: ...
+                           max_running: int, *, start_now: int | None = None,
+                           run_id: str | None = None) -> list[ClaimedRow]: ...
 
-    def release_many(self, ids: Sequence[int], attempts: Sequence[int]) -> set[int]: ...
+    def release_many(self, ids: Sequence[int], fences: Sequence[int]) -> set[int]: ...
 
     def queue_summary(self, queues: Sequence[str]) -> tuple[int, datetime | None]: ...
 
@@ -57,9 +59,10 @@ class Pipeline(Protocol):
 
     in_flight: int
 
-    def send(self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-             lease: float, *, start_now: int = 0, results: Sequence[str | None] | None = None,
-             followups: str | None = None) -> None: ...
+    def send(self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
+             lease: float, start_now: int | None = None, run_id: str | None = None,
+             results: Sequence[str | None] | None = None, followups: str | None = None
+             ) -> None: ...
 
     def receive(self) -> tuple[set[int], list[ClaimedRow]]: ...
 

@@ -22,9 +22,14 @@ class ReapResult:
     failed: int
 
 
-def run_once(queries: Queries, queues: Sequence[str]) -> ReapResult:
-    """Reap the expired leases of ``queues`` (a worker died or stalled past its lease)."""
-    rows = queries.reap_expired(queues)
+def run_once(queries: Queries, queues: Sequence[str],
+             max_attempts: Sequence[int | None] | None = None) -> ReapResult:
+    """Reap the expired leases of ``queues`` (a worker died or stalled past its lease).
+
+    ``max_attempts``: each queue's task's max_attempts (None: the row's), so that a job
+    that kills its worker is failed after as many attempts as its task allows.
+    """
+    rows = queries.reap_expired(queues, max_attempts)
     failed = sum(1 for _id, status, _attempts in rows if status == "failed")
     if rows:
         logger.info("reaped %d expired leases (%d back to queued, %d failed at max_attempts)",

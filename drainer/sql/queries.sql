@@ -289,6 +289,13 @@ FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS o(id, fence)
 WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
 RETURNING j.id;
 
+-- name: lock_running
+-- Transaction tasks: lock a job we still own for the handler's transaction (fenced: a job
+-- reaped, cancelled or claimed again since is not ours, and is not locked).
+SELECT id FROM {jobs}
+WHERE id = %(id)s AND status = 'running' AND fence = %(fence)s
+FOR UPDATE;
+
 -- name: reap_expired
 -- Expired leases (a worker died or stalled) of the given queues go back to queued, or to
 -- failed once max_attempts is reached (the task's when it sets one, else the row's), so a
@@ -296,6 +303,8 @@ RETURNING j.id;
 -- (charged = false) gets the claim's attempt back: it may never have started. Every reaped
 -- job becomes a suspect, claimed next only where it starts at once and is charged, so a
 -- job that kills its drainer uses up its attempts wherever it was in its batch.
+-- A row locked by a live transaction (a transaction=True task running past its lease) is
+-- skipped: its owner is alive and will write its outcome.
 UPDATE {jobs} j
 SET attempts     = j.attempts - (NOT j.charged)::int,
     status       = CASE WHEN j.attempts - (NOT j.charged)::int
@@ -309,7 +318,11 @@ SET attempts     = j.attempts - (NOT j.charged)::int,
     charged      = false,
     suspect      = true
 FROM unnest(%(queues)s::text[], %(max_attempts)s::int[]) AS t(queue, max_attempts)
-WHERE j.status = 'running' AND j.locked_until < now() AND j.queue = t.queue
+WHERE j.id = ANY (ARRAY(SELECT id FROM {jobs}
+                         WHERE status = 'running' AND locked_until < now()
+                           AND queue = ANY (%(queues)s::text[])
+                         FOR UPDATE SKIP LOCKED))
+  AND j.queue = t.queue
 RETURNING j.id, j.status, j.attempts;
 
 -- name: archive_delete

@@ -19,8 +19,9 @@ from drainer.db import Queries
 from drainer.settings import Settings
 
 QUEUES = [f"q{i}" for i in range(5)]
-PARAMS = {"batch_size": 10, "lease": 300.0, "ids": [1, 2], "attempts": [1, 1],
-          "running": "running"}
+PARAMS = {"batch_size": 10, "lease": 300.0, "ids": [1, 2], "fences": [1, 1],
+          "results": [None, None], "running": "running", "start_now": 1, "run_id": "test",
+          "followups": "[]"}
 
 
 @pytest.fixture
@@ -94,12 +95,15 @@ def test_claim_is_an_index_scan_per_queue(loaded: Settings, conn: psycopg.Connec
         _explain(conn, q.text("complete_many_and_claim"), values), index,
         "complete+claim custom")
     _assert_index_claim(_explain_generic(
-        conn, q.text("claim_batch"), ["queue", "batch_size", "lease"],
-        ["text", "int8", "float8"], values), index, "claim generic")
+        conn, q.text("claim_batch"), ["queue", "batch_size", "start_now", "run_id", "lease"],
+        ["text", "int8", "int8", "text", "float8"], values), index, "claim generic")
     generic = _explain_generic(
         conn, q.text("complete_many_and_claim"),
-        ["ids", "attempts", "running", "queue", "batch_size", "lease"],
-        ["bigint[]", "int[]", "text", "text", "int8", "float8"], values)
+        ["ids", "fences", "results", "followups", "running", "queue", "batch_size",
+         "start_now", "run_id", "lease"],
+        ["bigint[]", "bigint[]", "jsonb[]", "jsonb", "text", "text", "int8", "int8", "text",
+         "float8"],
+        values)
     _assert_index_claim(generic, index, "complete+claim generic")
     # the completion finds its rows by primary key, never by walking the lease index
     # (every running row times every completed id, as a generic plan with a literal did)

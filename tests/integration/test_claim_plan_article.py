@@ -13,7 +13,8 @@ from drainer.settings import Settings
 
 def _plan(conn: psycopg.Connection[Any], q: Queries, queue: str) -> str:
     rows = conn.execute("EXPLAIN (COSTS OFF) " + q.text("claim_batch"),
-                        {"queue": queue, "batch_size": 10, "lease": 300.0}).fetchall()
+                        {"queue": queue, "batch_size": 10, "lease": 300.0, "start_now": 10,
+                         "run_id": None}).fetchall()
     return "\n".join(r[0] for r in rows)
 
 

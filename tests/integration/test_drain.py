@@ -68,7 +68,8 @@ def test_backoff_doubles_and_is_capped(migrated: Settings, conn: psycopg.Connect
                          "(VALUES (%s::bigint, 2), (%s::bigint, 3), (%s::bigint, 30)) v(id, a) "
                          "WHERE {}.id = v.id").format(jobs_table(migrated), jobs_table(migrated)),
                  ids)
-    rows = q.fail_many(ids, [2, 3, 30], ["e", "e", "e"], [None, None, None], 10.0, 3600.0)
+    # fenced on the claim's token (issue 20 item 4): these rows were never claimed, fence 0
+    rows = q.fail_many(ids, [0, 0, 0], ["e", "e", "e"], [None, None, None], 10.0, 3600.0)
     assert {r[1] for r in rows} == {"queued"}
     waits = [fetch(conn, migrated, i)["retry_in"].total_seconds() for i in ids]  # type: ignore[arg-type]
     assert 38 < waits[0] <= 40 and 78 < waits[1] <= 80 and 3590 < waits[2] <= 3600
@@ -84,8 +85,8 @@ def test_reaper_requeues_and_fails_at_max_attempts(migrated: Settings, registry:
 
     a = enqueue(conn, "r", {}, max_attempts=3, schema=migrated.schema_name)
     b = enqueue(conn, "r", {}, max_attempts=1, schema=migrated.schema_name)
-    # both claimed by a worker that died: leases expired
-    conn.execute(sql.SQL("UPDATE {} SET status = 'running', attempts = 1, "
+    # both claimed (and started: charged) by a worker that died: leases expired
+    conn.execute(sql.SQL("UPDATE {} SET status = 'running', attempts = 1, charged = true, "
                          "locked_until = now() - interval '1 second'").format(
                              jobs_table(migrated)))
     report = run_once(migrated, registry=registry)
@@ -128,7 +129,8 @@ def test_extend_reports_a_lost_lease(migrated: Settings, registry: Registry,
     def handler(job: Job) -> None:
         result["first"] = job.extend(60)
         # someone else took the job: the reaper returned it and another worker claimed it
-        conn.execute(sql.SQL("UPDATE {} SET attempts = attempts + 1 WHERE id = %s").format(
+        conn.execute(sql.SQL("UPDATE {} SET attempts = attempts + 1, fence = fence + 1 "
+                             "WHERE id = %s").format(
             jobs_table(migrated)), [job.id])
         result["second"] = job.extend(60)
         result["cancelled"] = job.cancelled.is_set()
@@ -150,7 +152,7 @@ def test_slow_worker_completion_writes_nothing(migrated: Settings, registry: Reg
     def handler(job: Job) -> None:
         # while we work, our lease expires, the job is reaped and claimed again
         conn.execute(sql.SQL("UPDATE {} SET locked_until = now() + interval '5 min', "
-                             "attempts = attempts + 1 WHERE id = %s").format(
+                             "attempts = attempts + 1, fence = fence + 1 WHERE id = %s").format(
                                  jobs_table(migrated)), [job.id])
 
     job_id = enqueue(conn, "slow", {}, schema=migrated.schema_name)
@@ -161,7 +163,7 @@ def test_slow_worker_completion_writes_nothing(migrated: Settings, registry: Reg
     assert (row["status"], row["attempts"]) == ("running", 2)
     # the new owner (attempt 2) completes it
     q = Queries(conn, migrated.schema_name, migrated.table)
-    assert q.complete_many([job_id], [2]) == {job_id}
+    assert q.complete_many([job_id], [2]) == {job_id}  # its fence: the second claim
     assert fetch(conn, migrated, job_id)["status"] == "done"
 
 

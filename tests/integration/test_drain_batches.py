@@ -75,7 +75,8 @@ def test_outcome_of_a_job_taken_away_is_not_written(pg_url: str, migrated: Setti
     @registry.task("t")
     def handler(job: Job) -> None:
         if job.payload["i"] == 3:
-            conn.execute(sql.SQL("UPDATE {} SET attempts = attempts + 1 WHERE id = %s")
+            conn.execute(sql.SQL("UPDATE {} SET attempts = attempts + 1, fence = fence + 1 "
+                                 "WHERE id = %s")
                          .format(table), [job.id])
 
     enqueue_many(conn, [JobSpec("t", {"i": i}) for i in range(25)],

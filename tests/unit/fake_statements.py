@@ -1,7 +1,10 @@
 """An in-memory jobs table speaking the drain's statement interfaces (no database).
 
 It implements :class:`drainer.drain.statements.Statements` and ``Pipeline`` with the same
-fencing as queries.sql (status 'running' and the claim's attempt), and records every
+fencing as queries.sql (status 'running' and the claim's fence, which grows at every claim
+and is never reset), the same charging (the first ``start_now`` rows of a claim are
+charged; an expired lease gives an uncharged claim its attempt back and makes the job a
+suspect, claimed only among the first ``start_now``), and records every
 statement it was sent, so that unit tests can follow the drain loop's transitions.
 """
 
@@ -28,6 +31,11 @@ class Row:
     max_attempts: int = 5
     priority: int = 0
     run_at: datetime = T0
+    fence: int = 0
+    charged: bool = False
+    suspect: bool = False
+    run_id: str | None = None
+    result: Any = None
 
 
 class FakeJobs:
@@ -38,6 +46,7 @@ class FakeJobs:
         self.sent: list[str] = []  # statement names, in the order they were sent
         self.deadlock_next: set[str] = set()  # statements that fail once with a deadlock
         self.in_flight = 0
+        self.start_now: list[int] = []  # each claim's start_now, in order
         self._results: list[tuple[set[int], list[ClaimedRow]] | BaseException] = []
 
     def add(self, queue: str, n: int) -> list[int]:
@@ -61,54 +70,71 @@ class FakeJobs:
             raise psycopg.errors.DeadlockDetected("deadlock detected (fake)")
 
     # -- Statements ---------------------------------------------------------------------------
-    def _claim(self, queue: str, batch_size: int, lease: float) -> list[ClaimedRow]:
+    def _claim(self, queue: str, batch_size: int, lease: float, start_now: int | None,
+               run_id: str | None) -> list[ClaimedRow]:
         if batch_size < 0:
             raise psycopg.errors.InvalidRowCountInLimitClause("LIMIT must not be negative")
+        start_now = batch_size if start_now is None else start_now
+        self.start_now.append(start_now)
         due = sorted((r for r in self.rows.values()
                       if r.queue == queue and r.status == "queued" and r.run_at <= T0),
                      key=lambda r: (-r.priority, r.run_at, r.id))[:batch_size]
         out = []
-        for r in due:
-            r.status, r.attempts = "running", r.attempts + 1
+        for n, r in enumerate(due, 1):
+            if r.suspect and n > start_now:
+                continue  # a suspect runs only where it is charged: left for a later claim
+            r.status, r.attempts, r.fence = "running", r.attempts + 1, r.fence + 1
+            r.charged, r.suspect, r.run_id = n <= start_now, False, run_id
             out.append(ClaimedRow(r.id, r.queue, {}, r.attempts, r.max_attempts, r.priority,
-                                  r.run_at, T0 + timedelta(seconds=lease), r.attempts))
+                                  r.run_at, T0 + timedelta(seconds=lease), r.fence))
         return sorted(out, key=claim_order)
 
-    def _fenced(self, ids: Sequence[int], attempts: Sequence[int]) -> list[Row]:
-        return [self.rows[i] for i, a in zip(ids, attempts, strict=True)
+    def _fenced(self, ids: Sequence[int], fences: Sequence[int]) -> list[Row]:
+        return [self.rows[i] for i, f in zip(ids, fences, strict=True)
                 if i in self.rows and self.rows[i].status == "running"
-                and self.rows[i].attempts == a]
+                and self.rows[i].fence == f]
 
-    def _complete(self, ids: Sequence[int], attempts: Sequence[int]) -> set[int]:
-        done = self._fenced(ids, attempts)
+    def _complete(self, ids: Sequence[int], fences: Sequence[int],
+                  results: Sequence[Any] | None = None) -> set[int]:
+        done = self._fenced(ids, fences)
+        by_id = dict(zip(ids, results or [None] * len(ids), strict=True))
         for r in done:
-            r.status = "done"
+            r.status, r.result = "done", by_id[r.id]
         return {r.id for r in done}
 
-    def claim_batch(self, queue: str, batch_size: int, lease: float) -> list[ClaimedRow]:
+    def claim_batch(self, queue: str, batch_size: int, lease: float, *,
+                    start_now: int | None = None, run_id: str | None = None
+                    ) -> list[ClaimedRow]:
         self._send("claim_batch")
-        return self._claim(queue, batch_size, lease)
+        return self._claim(queue, batch_size, lease, start_now, run_id)
 
-    def complete_many(self, ids: Sequence[int], attempts: Sequence[int], *,
-                      delete: bool = False, **_: Any) -> set[int]:
+    def complete_many(self, ids: Sequence[int], fences: Sequence[int], *,
+                      delete: bool = False, results: Sequence[Any] | None = None,
+                      **_: Any) -> set[int]:
         self._send("complete_many")
-        return self._complete(ids, attempts)
+        return self._complete(ids, fences, results)
 
     def complete_many_and_claim(
-        self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-        lease: float, **_: Any,
+        self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
+        lease: float, *, start_now: int | None = None, run_id: str | None = None,
+        results: Sequence[Any] | None = None, **_: Any,
     ) -> tuple[set[int], list[ClaimedRow]]:
         self._send("complete_many_and_claim")
-        return self._complete(ids, attempts), self._claim(queue, batch_size, lease)
+        return (self._complete(ids, fences, results),
+                self._claim(queue, batch_size, lease, start_now, run_id))
 
     def fail_many(
-        self, ids: Sequence[int], attempts: Sequence[int], errors: Sequence[str],
+        self, ids: Sequence[int], fences: Sequence[int], errors: Sequence[str],
         max_attempts: Sequence[int | None], retry_base: float, retry_cap: float, **_: Any,
     ) -> list[tuple[int, str, datetime]]:
         self._send("fail_many")
         out = []
-        for r in self._fenced(ids, attempts):
-            r.status = "failed" if r.attempts >= r.max_attempts else "queued"
+        limits = dict(zip(ids, max_attempts, strict=True))
+        for r in self._fenced(ids, fences):
+            limit = limits[r.id]
+            r.status = "failed" if r.attempts >= (r.max_attempts if limit is None else limit) \
+                else "queued"
+            r.charged = r.suspect = False
             r.run_at = T0 + timedelta(hours=1)  # a retry is due later, not in this drain
             out.append((r.id, r.status, r.run_at))
         return out
@@ -117,7 +143,9 @@ class FakeJobs:
                     seconds: Sequence[float]) -> dict[int, datetime]:
         self._send("snooze_many")
         out = {}
-        for r, wait in zip(self._fenced(ids, fences), seconds, strict=False):
+        wait_of = dict(zip(ids, seconds, strict=True))
+        for r in self._fenced(ids, fences):
+            wait = wait_of[r.id]
             r.status, r.attempts = "queued", r.attempts - 1
             r.run_at = T0 + timedelta(seconds=wait)
             out[r.id] = r.run_at
@@ -128,14 +156,29 @@ class FakeJobs:
         self._send("claim_batch_capped")
         running = sum(1 for r in self.rows.values()
                       if r.queue == queue and r.status == "running")
-        return self._claim(queue, max(0, min(batch_size, max_running - running)), lease)
+        return self._claim(queue, max(0, min(batch_size, max_running - running)), lease,
+                           _.get("start_now"), _.get("run_id"))
 
-    def release_many(self, ids: Sequence[int], attempts: Sequence[int]) -> set[int]:
+    def release_many(self, ids: Sequence[int], fences: Sequence[int]) -> set[int]:
         self._send("release_many")
-        released = self._fenced(ids, attempts)
+        released = self._fenced(ids, fences)
         for r in released:
-            r.status, r.attempts = "queued", r.attempts - 1
+            r.status, r.attempts, r.charged = "queued", r.attempts - 1, False
         return {r.id for r in released}
+
+    def reap(self, max_attempts: int | None = None) -> list[int]:
+        """Every running lease expires and is reaped (as reap_expired): an uncharged claim
+        gets its attempt back, every reaped job becomes a suspect."""
+        reaped = []
+        for r in self.rows.values():
+            if r.status != "running":
+                continue
+            r.attempts -= not r.charged
+            limit = r.max_attempts if max_attempts is None else max_attempts
+            r.status = "failed" if r.attempts >= limit else "queued"
+            r.charged, r.suspect = False, True
+            reaped.append(r.id)
+        return reaped
 
     def queue_summary(self, queues: Sequence[str]) -> tuple[int, datetime | None]:
         self._send("queue_summary")
@@ -151,13 +194,14 @@ class FakeJobs:
         self._send("vacuum_during_drain")
 
     # -- Pipeline -----------------------------------------------------------------------------
-    def send(self, ids: Sequence[int], attempts: Sequence[int], queue: str, batch_size: int,
-             lease: float, **_: Any) -> None:
+    def send(self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
+             lease: float, start_now: int | None = None, run_id: str | None = None,
+             **_: Any) -> None:
         """The server runs statements in the order they were sent: run it now, answer later."""
         self.in_flight += 1
         try:
-            self._results.append(self.complete_many_and_claim(ids, attempts, queue,
-                                                              batch_size, lease))
+            self._results.append(self.complete_many_and_claim(
+                ids, fences, queue, batch_size, lease, start_now=start_now, run_id=run_id))
         except psycopg.Error as exc:
             self._results.append(exc)
         self.sent[-1] = "send"

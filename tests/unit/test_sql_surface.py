@@ -24,14 +24,20 @@ def test_claim_uses_skip_locked_cte_and_lease() -> None:
 
 
 def test_fenced_statements_check_status_and_attempts() -> None:
+    # issue 20 item 4: the fence is the claim's token (fence), not attempts, which retry
+    # resets
     for name in ("complete_many", "fail_many", "extend_many", "release_many",
-                 "delete_completed_many"):
+                 "delete_completed_many", "lock_running"):
         text = QUERIES[name]
         assert "status = 'running'" in text, name
-        assert "attempts = " in text, name
+        assert "fence = " in text, name
+        assert "attempts = o." not in text, name
     # the combined statement's status is a parameter, always 'running' (see queries.sql)
     combined = QUERIES["complete_many_and_claim"]
-    assert "j.status = %(running)s::text AND j.attempts = o.attempts" in combined
+    assert "j.status = %(running)s::text AND j.fence = o.fence" in combined
+    # nothing resets the fence
+    for name, text in QUERIES.items():
+        assert "fence = 0" not in text and "fence = NULL" not in text, name
 
 
 def test_no_table_name_is_pasted() -> None:
