@@ -133,16 +133,18 @@ class Drain:
             return True
         if self.claims.freed_capped_slots():
             return True
-        due = self.outcomes.next_retry_at
-        if due is None or self.retry_linger <= 0:
+        if self.retry_linger <= 0:
             return False
-        wait = (due - datetime.now(timezone.utc)).total_seconds()
+        now = datetime.now(timezone.utc)
+        due = self.outcomes.next_retry_at(now)
+        if due is None:
+            return False
+        wait = (due - now).total_seconds()
         if wait > self.retry_linger:
             return False
         if self.limits.deadline is not None and \
                 time.monotonic() + max(wait, 0) >= self.limits.deadline:
             return False
-        self.outcomes.next_retry_at = None
         if wait > 0:
             started = time.monotonic()
             self.limits.stop.wait(wait + 0.01)

@@ -53,7 +53,7 @@ class Outcomes:
         self.snoozed: list[Outcome] = []
         self.tasks: dict[str, Task] = {}  # the registry's: follow-ups' default max_attempts
         self.followups_due = False  # follow-ups due now on our queues were inserted
-        self.next_retry_at: datetime | None = None  # earliest retry/snooze of this drain
+        self.retry_times: list[datetime] = []  # run_at of this drain's retries and snoozes
 
     def __len__(self) -> int:
         return len(self.ok) + len(self.failed) + len(self.snoozed)
@@ -180,8 +180,13 @@ class Outcomes:
         self._count_lost(buf, set(written))
 
     def _due(self, run_at: datetime) -> None:
-        if self.next_retry_at is None or run_at < self.next_retry_at:
-            self.next_retry_at = run_at
+        self.retry_times.append(run_at)
+
+    def next_retry_at(self, now: datetime) -> datetime | None:
+        """The earliest retry or snooze this drain wrote that is not due yet (those due
+        already were there for the claim that just found nothing)."""
+        self.retry_times = [t for t in self.retry_times if t > now]
+        return min(self.retry_times, default=None)
 
     def _count_lost(self, buf: Sequence[Outcome], written: set[int]) -> None:
         for o in buf:
