@@ -16,6 +16,9 @@ import subprocess
 import sys
 import time
 
+import psycopg
+from psycopg import sql
+
 from bench.core import ROOT, fill, fresh_schema
 
 DB = os.environ.get("BENCH_AB_URL", "postgresql://postgres@127.0.0.1:5432/drainer_bench")
@@ -30,8 +33,15 @@ def main(argv: list[str]) -> int:
     n = int(argv[2]) if len(argv) > 2 else 20_000
     rounds = int(argv[3]) if len(argv) > 3 else 5
     schemas = {old: "b_ab_old", new: "b_ab_new"}
-    for s in schemas.values():
+    for d, s in schemas.items():
         fresh_schema(DB, s)
+        # each tree migrates its own schema: the two may be at different schema versions
+        with psycopg.connect(DB, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(s)))
+        subprocess.run([sys.executable, "-m", "drainer", "migrate"], check=True, cwd="/",
+                       capture_output=True, env=dict(
+                           os.environ, PYTHONPATH=f"{d}{os.pathsep}{ROOT}",
+                           DRAINER_DATABASE_URL=DB, DRAINER_SCHEMA=s))
     rates: dict[str, list[float]] = {old: [], new: []}
     for r in range(rounds):
         for d in ([old, new] if r % 2 == 0 else [new, old]):

@@ -70,8 +70,8 @@ def list_jobs(settings: Settings, *, queue: str | None = None, status: str | Non
     if limit < 1:
         raise ConfigError("--limit must be at least 1")
     with _queries(settings) as q:
-        rows = q.fetch_dicts("job_list", {"queue": queue, "status": status, "limit": limit,
-                                         "run_id": None})
+        rows = q.fetch_dicts("job_list", {"queue": queue, "status": status, "run_id": None,
+                                          "limit": limit})
     return [_row(r) for r in rows]
 
 

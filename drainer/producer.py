@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from itertools import islice
 from json.encoder import encode_basestring_ascii
 from typing import Any, overload
@@ -62,6 +62,21 @@ def _q(name: str, schema: str, table: str) -> sql.Composed:
     return sql.SQL(QUERIES[name]).format(**identifiers(schema, table))
 
 
+#: The run_at range the table's CHECK accepts (migration 0002): what the client can represent.
+RUN_AT_MIN = datetime(1970, 1, 1, tzinfo=timezone.utc)
+RUN_AT_MAX = datetime(9999, 1, 1, tzinfo=timezone.utc)
+
+
+def check_run_at(run_at: datetime | None) -> None:
+    """ValueError for a run_at the table refuses (before 1970-01-01 or after 9999-01-01)."""
+    if run_at is None:
+        return
+    when = run_at if run_at.tzinfo else run_at.replace(tzinfo=timezone.utc)
+    if not RUN_AT_MIN <= when <= RUN_AT_MAX:
+        raise ValueError(f"run_at must be between {RUN_AT_MIN.date()} and "
+                         f"{RUN_AT_MAX.date()} UTC, not {run_at.isoformat()}")
+
+
 def _check(queue: str, max_attempts: int) -> None:
     if not queue:
         raise ValueError("queue must be a non-empty string")
@@ -73,6 +88,7 @@ def _params(queue: str, payload: Any, run_at: datetime | None, priority: int,
             max_attempts: int, dedup_key: str | None) -> dict[str, Any]:
     """The checked parameters of the ``enqueue`` statement (one job)."""
     _check(queue, max_attempts)
+    check_run_at(run_at)
     return {"queue": queue, "payload": Jsonb(payload), "run_at": run_at, "priority": priority,
             "max_attempts": max_attempts, "dedup_key": dedup_key}
 
@@ -187,6 +203,7 @@ def _bulk(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> _Bulk | None:
         if not s.queue or s.max_attempts < 1:
             _check(s.queue, s.max_attempts)  # raises the ValueError that names the problem
         if s.run_at is not None:
+            check_run_at(s.run_at)
             timed = True
         else:
             untimed = True

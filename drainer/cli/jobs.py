@@ -48,8 +48,16 @@ def _run_at(args: argparse.Namespace) -> datetime | None:
         try:
             when = datetime.fromisoformat(args.run_at.replace("Z", "+00:00"))
         except ValueError:
-            raise ConfigError(f"--run-at: not an ISO 8601 time: {args.run_at!r}") from None
-        return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+            raise ConfigError(f"--run-at: not an ISO 8601 time between 1970-01-01 and "
+                              f"9999-01-01: {args.run_at!r}") from None
+        when = when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+        from drainer.producer import check_run_at
+
+        try:
+            check_run_at(when)
+        except ValueError as exc:
+            raise ConfigError(f"--run-at: {exc}") from None
+        return when
     return None
 
 

@@ -61,7 +61,8 @@ def jobs(conn: psycopg.Connection[Any], schema: str, table: str = "jobs"
     cur = conn.cursor(row_factory=psycopg.rows.dict_row)
     cur.execute(sql.SQL(
         "SELECT id, queue, status, attempts, max_attempts, last_error, "
-        "locked_until, locked_until < now() AS expired, run_at, finished_at FROM {}"
+        "locked_until, locked_until < now() AS expired, run_at, finished_at, fence, charged, "
+        "suspect FROM {}"
     ).format(sql.Identifier(schema, table)))
     return {r["id"]: r for r in cur.fetchall()}
 

@@ -71,6 +71,7 @@ class _Job:
     priority: int
     due: bool = True
     expired: bool = False
+    fence: int = 0  # the claim's token: +1 at every claim, never reset (issue 20 item 4)
 
 
 def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[Any],
@@ -86,11 +87,11 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
             super().__init__()
             observer.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY").format(table))
             self.model: dict[int, _Job] = {}
-            self.held: list[tuple[int, int, int]] = []  # (worker, id, attempt), stale too
+            self.held: list[tuple[int, int, int]] = []  # (worker, id, fence), stale too
 
-        def _owner(self, job_id: int, attempt: int) -> bool:
+        def _owner(self, job_id: int, fence: int) -> bool:
             m = self.model.get(job_id)
-            return m is not None and m.status == "running" and m.attempts == attempt
+            return m is not None and m.status == "running" and m.fence == fence
 
         @initialize(attempts=st.lists(st.integers(1, 3), min_size=1, max_size=6))
         def some_jobs(self, attempts: list[int]) -> None:
@@ -117,8 +118,9 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
             for r in rows:
                 m = self.model[r.id]
                 m.status, m.attempts, m.expired = "running", m.attempts + 1, False
-                assert r.attempts == m.attempts
-                self.held.append((worker, r.id, r.attempts))
+                m.fence += 1
+                assert (r.attempts, r.fence) == (m.attempts, m.fence)
+                self.held.append((worker, r.id, r.fence))
 
         @precondition(lambda self: self.held)
         @rule(data=st.data())

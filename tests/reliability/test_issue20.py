@@ -83,9 +83,6 @@ def wait_leases_expired(conn: Conn, schema: str, timeout: float = 15) -> None:
 # -- item 1: rows drainer cannot decode ------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 1: a row whose run_at or payload the "
-                   "client cannot decode stops the drain (exit 1, no report, batch stuck)")
 @pytest.mark.parametrize("bad", [
     {"queue": "rec", "run_at": "-infinity"},
     {"queue": "rec", "payload": "[" * 5000 + "]" * 5000},
@@ -114,9 +111,6 @@ def test_item1_an_undecodable_row_fails_alone_and_the_rest_drains(
         assert p.returncode == 0, (cmd, p.stderr)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 1: a far-future run_at (after year "
-                   "9999) makes run-once, status and jobs exit 1")
 def test_item1_a_far_future_run_at_does_not_break_the_run_or_the_ops_commands(
         migrated: Settings, conn: Conn, pg_url: str, tmp_path: Path) -> None:
     schema = migrated.schema_name
@@ -135,9 +129,6 @@ def test_item1_a_far_future_run_at_does_not_break_the_run_or_the_ops_commands(
 # -- item 2: attempts that were never attempts ----------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 2: a process death fails claimed jobs "
-                   "that never started ('lease expired', 0 executions)")
 def test_item2_jobs_claimed_but_never_started_are_not_charged_by_a_death(
         migrated: Settings, conn: Conn, pg_url: str, tmp_path: Path) -> None:
     schema = migrated.schema_name
@@ -159,9 +150,6 @@ def test_item2_jobs_claimed_but_never_started_are_not_charged_by_a_death(
     assert set(runs_per_job(tmp_path).values()) == {1}
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 2: the reaper ignores "
-                   "@task(max_attempts=2): a job that kills its process runs 5 times")
 def test_item2_the_reaper_honours_the_tasks_max_attempts(
         migrated: Settings, conn: Conn, pg_url: str, tmp_path: Path) -> None:
     schema = migrated.schema_name
@@ -181,9 +169,6 @@ def test_item2_the_reaper_honours_the_tasks_max_attempts(
 # -- item 3: transaction=True tasks ---------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 3: transaction=True: a handler that "
-                   "kills the process rolls back its claim, attempts never grow")
 def test_item3_a_transaction_task_that_kills_the_process_is_charged_an_attempt(
         migrated: Settings, conn: Conn, pg_url: str, tmp_path: Path) -> None:
     schema = migrated.schema_name
@@ -200,9 +185,6 @@ def test_item3_a_transaction_task_that_kills_the_process_is_charged_an_attempt(
     assert row["status"] == "failed", row
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 3: transaction=True: timeout= is not "
-                   "enforced (a 3 s handler with timeout=1 is marked done)")
 def test_item3_a_transaction_tasks_timeout_is_enforced(
         migrated: Settings, conn: Conn, pg_url: str, tmp_path: Path) -> None:
     schema = migrated.schema_name
@@ -216,9 +198,6 @@ def test_item3_a_transaction_tasks_timeout_is_enforced(
         row["last_error"] or "").lower(), row["last_error"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 3: transaction=True: SIGTERM is not "
-                   "bounded by --grace (the handler runs on the main thread)")
 def test_item3_sigterm_during_a_transaction_task_is_bounded_by_grace(
         migrated: Settings, conn: Conn, pg_url: str, tmp_path: Path) -> None:
     schema = migrated.schema_name
@@ -242,9 +221,6 @@ def test_item3_sigterm_during_a_transaction_task_is_bounded_by_grace(
 # -- item 4: the fence repeats after a retry ------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 20 item 4: retry resets attempts, so a stalled "
-                   "worker's (id, attempts) fence matches the new owner's: done by the old one")
 def test_item4_retry_never_repeats_the_fence(
         migrated: Settings, conn: Conn, pg_url: str, tmp_path: Path) -> None:
     schema = migrated.schema_name
