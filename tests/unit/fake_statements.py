@@ -196,7 +196,7 @@ class FakeJobs:
     # -- Pipeline -----------------------------------------------------------------------------
     def send(self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
              lease: float, start_now: int | None = None, run_id: str | None = None,
-             **_: Any) -> None:
+             *_: Any) -> None:
         """The server runs statements in the order they were sent: run it now, answer later."""
         self.in_flight += 1
         try:
