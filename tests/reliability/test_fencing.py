@@ -21,7 +21,7 @@ from hypothesis.stateful import (
 )
 from psycopg import sql
 
-from drainer.db import Queries
+from drainer.db import QUERIES, Queries, identifiers
 from drainer.producer import enqueue
 from drainer.settings import Settings
 from tests.reliability._helpers import jobs, wait_for
@@ -72,6 +72,7 @@ class _Job:
     due: bool = True
     expired: bool = False
     fence: int = 0  # the claim's token: +1 at every claim, never reset (issue 20 item 4)
+    lease_kept: bool = False  # cancelled while running: its lease runs out on its own
 
 
 def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[Any],
@@ -195,6 +196,46 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
                 assert (status, attempts) == (m.status, m.attempts)
 
         @rule(worker=st.integers(0, WORKERS - 1))
+        def worker_dies(self, worker: int) -> None:
+            """A worker's process dies between two steps: it forgets every token it held,
+            and the leases of the jobs it owned run out (nobody extends them)."""
+            mine = sorted({j for w, j, f in self.held if w == worker and self._owner(j, f)})
+            self.held = [h for h in self.held if h[0] != worker]
+            if mine:
+                observer.execute(sql.SQL(
+                    "UPDATE {} SET locked_until = now() - interval '1 second' "
+                    "WHERE id = ANY(%s)").format(table), [mine])
+                for job_id in mine:
+                    self.model[job_id].expired = True
+
+        @precondition(lambda self: any(m.status == "failed" for m in self.model.values()))
+        @rule(data=st.data())
+        def operator_retries(self, data: st.DataObject) -> None:
+            """``drainer retry``: failed -> queued, attempts 0; the fence is not reset, so
+            a stalled former owner's token still matches nothing (issue 20 item 4)."""
+            job_id = data.draw(st.sampled_from(
+                sorted(i for i, m in self.model.items() if m.status == "failed")))
+            observer.execute(sql.SQL(QUERIES["retry_many"]).format(
+                **identifiers(schema, "jobs")), {"ids": [job_id]})
+            m = self.model[job_id]
+            m.status, m.attempts, m.due, m.expired, m.lease_kept = "queued", 0, True, False, \
+                False
+
+        @precondition(lambda self: any(m.status in ("queued", "running")
+                                       for m in self.model.values()))
+        @rule(data=st.data())
+        def operator_cancels(self, data: st.DataObject) -> None:
+            """``drainer cancel``: queued or running -> failed (a running job keeps its
+            lease; its owner's fenced writes then change nothing)."""
+            job_id = data.draw(st.sampled_from(sorted(
+                i for i, m in self.model.items() if m.status in ("queued", "running"))))
+            observer.execute(sql.SQL(QUERIES["cancel_many"]).format(
+                **identifiers(schema, "jobs")), {"ids": [job_id]})
+            m = self.model[job_id]
+            m.lease_kept = m.status == "running"
+            m.status = "failed"
+
+        @rule(worker=st.integers(0, WORKERS - 1))
         def archive(self, worker: int) -> None:
             done = {i for i, m in self.model.items() if m.status == "done"}
             assert queries[worker].archive_batch("done", 0.0, 1000, move=False) == len(done)
@@ -220,8 +261,8 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
                 elif status == "queued":
                     assert not leased and not finished and attempts < max_attempts
                     assert due == m.due
-                else:  # done or failed: never also running, no lease
-                    assert not leased and finished
+                else:  # done or failed: never also running, no lease (but a cancel's)
+                    assert finished and (not leased or m.lease_kept)
 
     return QueueMachine
 
