@@ -4,14 +4,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from drainer.registry import Job, JobCancelled, Registry, Task, default_registry, task
+from drainer.registry import (
+    Job,
+    JobCancelled,
+    Registry,
+    Retry,
+    Snooze,
+    Task,
+    default_registry,
+    task,
+)
 
 __all__ = [
     "Job",
     "JobCancelled",
     "Registry",
+    "Retry",
     "RunReport",
     "Settings",
+    "Snooze",
     "Task",
     "default_registry",
     "enqueue",

@@ -112,6 +112,7 @@ def identifiers(schema: str, table: str) -> dict[str, sql.Composable]:
         "article_idx": sql.Identifier(schema, f"{table}_ready_idx"),
         "notify_fn": sql.Identifier(schema, f"{table}_notify"),
         "notify_trigger": sql.Identifier(f"{table}_notify"),
+        "control": sql.Identifier(schema, f"{table}_queues"),
     }
 
 
@@ -248,16 +249,30 @@ def _int_array(values: Sequence[int]) -> bytes:
     return ("{" + ",".join(str(int(v)) for v in values) + "}").encode()
 
 
-def _null_array(n: int) -> bytes:
-    """An array of ``n`` NULLs in PostgreSQL's text form (results not given)."""
-    return ("{" + ",".join(["NULL"] * n) + "}").encode()
+#: The longest snooze sent (seconds, about 9,500 years): run_at is kept under 9999-01-01
+#: by the statement; this only keeps the interval itself representable.
+MAX_SNOOZE_S = 3e11
 
 
-def _results_param(ids: Sequence[int], results: Sequence[Any] | None) -> list[Any]:
-    """What each completed job's handler returned, as jsonb (None: NULL, nothing)."""
+def _results_param(ids: Sequence[int], results: Sequence[str | None] | None
+                   ) -> list[Jsonb | None]:
+    """The results array of a completion: JSON text per job (None: no result)."""
     if results is None:
         return [None] * len(ids)
-    return [None if r is None else Jsonb(r) for r in results]
+    return [None if r is None else Jsonb(r, dumps=_as_is) for r in results]
+
+
+def _as_is(text: Any) -> str:
+    return str(text)
+
+
+def _text_array(values: Sequence[str | None]) -> bytes:
+    """A text (or jsonb) array parameter in PostgreSQL's text form."""
+    def one(v: str | None) -> str:
+        if v is None:
+            return "NULL"
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return ("{" + ",".join(one(v) for v in values) + "}").encode()
 
 
 def _start_now(start_now: int | None, batch_size: int) -> int:
@@ -300,6 +315,12 @@ class Queries:
             return None
         return None if row is None else row[0]
 
+    def pause_queues(self, queues: Sequence[str]) -> list[str]:
+        return [r[0] for r in self._exec("queue_pause", {"queues": list(queues)})]
+
+    def resume_queues(self, queues: Sequence[str]) -> list[str]:
+        return [r[0] for r in self._exec("queue_resume", {"queues": list(queues)})]
+
     # -- the job lifecycle ----------------------------------------------------------------------
     def claim_batch(self, queue: str, batch_size: int, lease: float, *,
                     start_now: int | None = None, run_id: str | None = None
@@ -318,23 +339,22 @@ class Queries:
         return [r[0] for r in self._exec("due_queues", {"queues": list(queues)}).fetchall()]
 
     def complete_many(self, ids: Sequence[int], fences: Sequence[int], *,
-                      delete: bool = False, results: Sequence[Any] | None = None
-                      ) -> set[int]:
-        """Mark jobs done, fenced; ``results``: what each handler returned (None: NULL)."""
+                      delete: bool = False, results: Sequence[str | None] | None = None,
+                      followups: str | None = None) -> set[int]:
+        """Mark jobs done, fenced; ``results``: what each handler returned, as JSON text
+        (None: NULL); ``followups``: the follow-up jobs, a JSON array (see queries.sql)."""
         if not ids:
             return set()
-        if delete:
-            cur = self._exec("delete_completed_many", {"ids": list(ids),
-                                                       "fences": list(fences)})
-        else:
-            cur = self._exec("complete_many", {"ids": list(ids), "fences": list(fences),
-                                               "results": _results_param(ids, results)})
+        name = "delete_completed_many" if delete else "complete_many"
+        cur = self._exec(name, {"ids": list(ids), "fences": list(fences),
+                                "results": _results_param(ids, results),
+                                "followups": followups or "[]"})
         return {r[0] for r in cur.fetchall()}
 
     def complete_many_and_claim(
         self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
         lease: float, *, start_now: int | None = None, run_id: str | None = None,
-        results: Sequence[Any] | None = None,
+        results: Sequence[str | None] | None = None, followups: str | None = None,
     ) -> tuple[set[int], list[ClaimedRow]]:
         """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
         cur = self._exec("complete_many_and_claim", {
@@ -342,6 +362,7 @@ class Queries:
             "results": _results_param(ids, results), "running": "running",
             "queue": queue, "batch_size": batch_size, "lease": lease,
             "start_now": _start_now(start_now, batch_size), "run_id": run_id,
+            "followups": followups or "[]",
         })
         written: set[int] = set()
         rows: list[ClaimedRow] = []
@@ -355,16 +376,50 @@ class Queries:
 
     def fail_many(
         self, ids: Sequence[int], fences: Sequence[int], errors: Sequence[str],
-        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,
+        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float, *,
+        bases: Sequence[float | None] | None = None, caps: Sequence[float | None] | None = None,
+        jitters: Sequence[float] | None = None,
     ) -> list[tuple[int, str, datetime]]:
+        """Failures, fenced; each row's backoff base/cap/jitter (None: retry_base/retry_cap,
+        no jitter)."""
         if not ids:
             return []
+        n = len(ids)
         cur = self._exec("fail_many", {
             "ids": list(ids), "fences": list(fences), "errors": list(errors),
             "max_attempts": list(max_attempts),
-            "retry_base": retry_base, "retry_cap": retry_cap,
+            "bases": [retry_base if b is None else b for b in (bases or [None] * n)],
+            "caps": [retry_cap if c is None else c for c in (caps or [None] * n)],
+            "jitters": list(jitters or [0.0] * n),
         })
         return [(r[0], r[1], r[2]) for r in cur.fetchall()]
+
+    def snooze_many(self, ids: Sequence[int], fences: Sequence[int],
+                    seconds: Sequence[float]) -> dict[int, datetime]:
+        """Snoozed jobs back to queued, run_at moved on, no attempt used: {id: run_at}."""
+        if not ids:
+            return {}
+        cur = self._exec("snooze_many", {
+            "ids": list(ids), "fences": list(fences),
+            "seconds": [min(float(v), MAX_SNOOZE_S) for v in seconds]})
+        return {r[0]: r[1] for r in cur.fetchall()}
+
+    def claim_batch_capped(self, queue: str, batch_size: int, lease: float,
+                           max_running: int, *, start_now: int | None = None,
+                           run_id: str | None = None) -> list[ClaimedRow]:
+        """claim_batch for a queue with max_running: in one transaction, under the queue's
+        advisory lock, at most max_running minus the jobs running under a live lease.
+        Sent as one pipeline (BEGIN, lock, claim, COMMIT): one round trip."""
+        params = {"queue": queue, "batch_size": batch_size, "lease": lease,
+                  "max_running": max_running,
+                  "start_now": _start_now(start_now, batch_size), "run_id": run_id}
+        with self.conn.pipeline(), self.conn.transaction():
+            self._exec("queue_claim_lock",
+                       {"key": f"drainer:max_running:{self.schema}.{self.table}:{queue}"})
+            cur = self._exec("claim_batch_capped", params)
+        rows = [ClaimedRow(*r) for r in cur.fetchall()]
+        rows.sort(key=claim_order)
+        return rows
 
     def extend_many(
         self, ids: Sequence[int], fences: Sequence[int], leases: Sequence[float]
@@ -398,10 +453,10 @@ class Queries:
 
     def run_start(self, queues: Sequence[str], latest: int,
                   max_attempts: Sequence[int | None] | None = None
-                  ) -> tuple[int | None, list[tuple[int, str, int]], list[str]]:
+                  ) -> tuple[int | None, list[tuple[int, str, int]], list[str], set[str]]:
         """schema_version, reap_expired (only at version ``latest``; ``max_attempts`` as
-        there) and due_queues in one statement: (version or None when the table is
-        missing, reaped rows, due queues)."""
+        there), due_queues and the paused queues in one statement: (version or None when
+        the table is missing, reaped rows, due queues, paused queues)."""
         limits = list(max_attempts) if max_attempts is not None else [None] * len(queues)
         try:
             rows = self._exec("run_start", {"table": self.table, "queues": list(queues),
@@ -410,11 +465,13 @@ class Queries:
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
             if not self.conn.autocommit:
                 self.conn.rollback()
-            return None, [], []
+            # no jobs table, or one older than the control table: say which version it is
+            return self.schema_version(), [], [], set()
         version = next((r[1] for r in rows if r[0] == "version"), None)
         reaped = [(r[1], r[2], r[3]) for r in rows if r[0] == "reaped"]
         due = [r[4] for r in sorted((r for r in rows if r[0] == "due"), key=lambda r: r[5])]
-        return version, reaped, due
+        paused = {r[4] for r in rows if r[0] == "paused"}
+        return version, reaped, due, paused
 
     def archive_batch(self, status: str, older_than: float, batch_size: int,
                       move: bool) -> int:
@@ -522,7 +579,8 @@ class ClaimPipeline:
         return psycopg.Pipeline.is_supported()
 
     def send(self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
-             lease: float, start_now: int | None = None, run_id: str | None = None
+             lease: float, start_now: int | None = None, run_id: str | None = None,
+             results: Sequence[str | None] | None = None, followups: str | None = None
              ) -> None:
         """Send one completion + claim; the server runs it behind those sent before."""
         pgconn = self.pgconn
@@ -536,7 +594,9 @@ class ClaimPipeline:
             pgconn.enter_pipeline_mode()
         values: dict[str, bytes | None] = {
             "ids": _int_array(ids), "fences": _int_array(fences),
-            "results": _null_array(len(ids)), "running": b"running",
+            "results": _text_array(list(results) if results is not None
+                                   else [None] * len(ids)),
+            "followups": (followups or "[]").encode(self.encoding), "running": b"running",
             "queue": queue.encode(self.encoding), "batch_size": str(int(batch_size)).encode(),
             "lease": repr(float(lease)).encode(),
             "start_now": str(_start_now(start_now, batch_size)).encode(),

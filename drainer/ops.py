@@ -258,6 +258,35 @@ def purge_jobs(settings: Settings, *, status: str, older_than: float,
 # -- text -----------------------------------------------------------------------------------------
 
 
+# -- pause and resume -----------------------------------------------------------------------------
+
+
+def pause(settings: Settings, queues: Sequence[str]) -> dict[str, Any]:
+    """Pause ``queues``: no drainer claims their jobs from its next run on (a run reads
+    the paused queues once, at its start); jobs keep arriving. Idempotent."""
+    names = _queue_names(queues)
+    with _queries(settings) as q:
+        changed = q.pause_queues(names)
+    return {"paused": sorted(changed),
+            "already_paused": sorted(set(names) - set(changed))}
+
+
+def resume(settings: Settings, queues: Sequence[str]) -> dict[str, Any]:
+    """Resume paused ``queues``: claimed again from each drainer's next run."""
+    names = _queue_names(queues)
+    with _queries(settings) as q:
+        changed = q.resume_queues(names)
+    return {"resumed": sorted(changed),
+            "not_paused": sorted(set(names) - set(changed))}
+
+
+def _queue_names(queues: Sequence[str]) -> list[str]:
+    names = list(dict.fromkeys(queues))
+    if not names or any(not n for n in names):
+        raise ConfigError("name at least one queue (non-empty names)")
+    return names
+
+
 def render_jobs(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no jobs)"
@@ -278,11 +307,16 @@ def _short_time(value: str | None) -> str:
 def render_job(job: dict[str, Any]) -> str:
     lines = []
     for key, value in job.items():
-        if key in ("payload", "last_error"):
+        if key in ("payload", "last_error", "result"):
             continue
         lines.append(f"{key + ':':15s}{'-' if value is None else value}")
     lines.append("payload:")
     lines.append(json.dumps(job["payload"], indent=2, ensure_ascii=False))
+    if job.get("result") is not None:
+        lines.append("result:")
+        lines.append(json.dumps(job["result"], indent=2, ensure_ascii=False))
+    else:
+        lines.append("result:        -")
     lines.append("last_error:" + (" -" if job["last_error"] is None else ""))
     if job["last_error"] is not None:
         lines.append(job["last_error"].rstrip())

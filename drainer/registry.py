@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import json
 import logging
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, overload
 
 from drainer.errors import ConfigError
 
@@ -52,6 +53,65 @@ class JobCancelled(Exception):
     """Raised by ``job.raise_if_cancelled()`` when the job is no longer ours or shutdown began."""
 
 
+#: The latest run_at the jobs table accepts (its CHECK, migration 0002).
+MAX_RUN_AT = datetime(9999, 1, 1, tzinfo=timezone.utc)
+
+
+class Snooze(Exception):
+    """Raised by a handler (or ``job.snooze(seconds)``): "not yet, run me again in
+    ``seconds``". The job goes back to queued with run_at moved on, and the attempt the
+    claim counted is given back: a snooze uses no attempt."""
+
+    def __init__(self, seconds: float) -> None:
+        seconds = float(seconds)
+        if not seconds >= 0:  # NaN too
+            raise ValueError("Snooze needs a number of seconds >= 0")
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.seconds = seconds
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A task's retry policy: a failed job waits ``least(cap, base * 2^attempts)`` seconds
+    (times ``1 + jitter * random()``), and fails for good after ``max_attempts``.
+
+    ``None`` keeps the setting (``retry_base``, ``retry_cap``; ``max_attempts``: the
+    task's, else the job's own)."""
+
+    base: float | None = None
+    cap: float | None = None
+    jitter: float = 0.0
+    max_attempts: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("base", "cap"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"Retry({name}=...) must be positive")
+        if not 0 <= self.jitter <= 10:
+            raise ValueError("Retry(jitter=...) must be between 0 and 10")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError("Retry(max_attempts=...) must be at least 1")
+
+
+@dataclass
+class FollowUp:
+    """A job a handler enqueued with ``job.enqueue``: inserted with the job's success."""
+
+    queue: str
+    payload: Any
+    run_at: datetime | None = None
+    priority: int = 0
+    max_attempts: int | None = None
+    dedup_key: str | None = None
+
+    def as_json(self, parent: int) -> dict[str, Any]:
+        return {"parent": parent, "queue": self.queue, "payload": self.payload,
+                "run_at": None if self.run_at is None else min(self.run_at, MAX_RUN_AT)
+                .isoformat(), "priority": self.priority, "max_attempts": self.max_attempts,
+                "dedup_key": self.dedup_key}
+
+
 @dataclass
 class Job:
     """What a handler receives: one claimed job and the means to act on its lease."""
@@ -74,6 +134,29 @@ class Job:
     """The producer's W3C trace context (``traceparent``, ``tracestate``) when it enqueued
     inside an OpenTelemetry span, else None (the ``trace_context`` column)."""
     _extend: Callable[[Job, float | None], bool] | None = field(default=None, repr=False)
+    followups: list[FollowUp] = field(default_factory=list, repr=False)
+    """Jobs enqueued by the handler with :meth:`enqueue`, inserted with its success."""
+
+    def snooze(self, seconds: float) -> NoReturn:
+        """Put the job back to queued for ``seconds``, using no attempt (raises Snooze)."""
+        raise Snooze(seconds)
+
+    def enqueue(self, queue: QueueRef, payload: Any, *, run_at: datetime | None = None,
+                priority: int = 0, max_attempts: int | None = None,
+                dedup_key: str | None = None) -> None:
+        """Enqueue a follow-up job: inserted in the same statement (and transaction) as
+        this job's success, so never if the job fails, is lost or cancelled. A follow-up
+        due now on a queue this drain runs is claimed by the same drain."""
+        if isinstance(queue, str) and not queue:
+            raise ValueError("a follow-up needs a queue")
+        if run_at is not None and run_at.tzinfo is None:
+            raise ValueError("run_at must be timezone-aware")
+        try:
+            json.dumps(payload, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"a follow-up's payload must be JSON-serialisable: {exc}") from None
+        self.followups.append(FollowUp(queue_of(queue), payload, run_at, priority,
+                                       max_attempts, dedup_key))
 
     def extend(self, seconds: float | None = None) -> bool:
         """Push this job's lease to now + ``seconds`` (default: the task's lease).
@@ -226,6 +309,23 @@ class Task:
     lease: float | None = None
     max_attempts: int | None = None
     transaction: bool = False
+    retry: Retry | None = None
+    retry_on: tuple[type[BaseException], ...] | None = None
+    discard_on: tuple[type[BaseException], ...] = ()
+    max_running: int | None = None
+
+    def discards(self, exc: BaseException) -> bool:
+        """Whether a failure with ``exc`` fails the job at once (no retry)."""
+        if isinstance(exc, self.discard_on):
+            return True
+        return self.retry_on is not None and not isinstance(exc, self.retry_on)
+
+    @property
+    def attempts_limit(self) -> int | None:
+        """The task's max_attempts (its Retry's first), None: the job's own."""
+        if self.retry is not None and self.retry.max_attempts is not None:
+            return self.retry.max_attempts
+        return self.max_attempts
 
     @functools.cached_property
     def is_async(self) -> bool:
@@ -256,6 +356,10 @@ class Registry:
         cron: str | None = None,
         timezone: str | None = None,
         catch_up: str | None = None,
+        retry: Retry | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+        max_running: int | None = None,
     ) -> Callable[[Callable[[Job], R]], TaskHandler[R]]:
         """Register the decorated function as the handler of ``queue``.
 
@@ -273,6 +377,16 @@ class Registry:
                 raise ValueError(f"task {queue!r}: {name} must be positive")
         if max_attempts is not None and max_attempts < 1:
             raise ValueError(f"task {queue!r}: max_attempts must be at least 1")
+        if max_running is not None and max_running < 1:
+            raise ValueError(f"task {queue!r}: max_running must be at least 1")
+        if max_running is not None and transaction:
+            raise ValueError(f"task {queue!r}: max_running does not apply to transaction=True")
+        if retry is not None and not isinstance(retry, Retry):
+            raise TypeError(f"task {queue!r}: retry= takes a drainer.Retry(...)")
+        retry_types = None if retry_on is None else _types(queue, "retry_on", retry_on)
+        discard_types = _types(queue, "discard_on", discard_on)
+        if max_attempts is None and retry is not None:
+            max_attempts = retry.max_attempts
 
         def register(func: Callable[[Job], R]) -> TaskHandler[R]:
             existing = self.tasks.get(queue)
@@ -282,7 +396,8 @@ class Registry:
                 )
             if transaction and inspect.iscoroutinefunction(func):
                 raise ValueError(f"task {queue!r}: transaction=True needs a sync handler")
-            self.tasks[queue] = Task(queue, func, timeout, lease, max_attempts, transaction)
+            self.tasks[queue] = Task(queue, func, timeout, lease, max_attempts, transaction,
+                                     retry, retry_types, discard_types, max_running)
             if definition is not None and self.schedules.get(definition.key) != definition:
                 self.add_recurring(definition)
             # The producers are attributes of the function itself: calling it, inspecting
@@ -334,6 +449,15 @@ class Registry:
     def clear(self) -> None:
         self.tasks.clear()
         self.schedules.clear()
+
+
+def _types(queue: str, name: str, value: type[BaseException] | tuple[type[BaseException], ...]
+           ) -> tuple[type[BaseException], ...]:
+    types = value if isinstance(value, tuple) else (value,)
+    for t in types:
+        if not (isinstance(t, type) and issubclass(t, BaseException)):
+            raise TypeError(f"task {queue!r}: {name}= takes exception types, got {t!r}")
+    return types
 
 
 #: The registry ``@task`` writes to and ``run_once`` reads by default.

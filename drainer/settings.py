@@ -243,6 +243,19 @@ class Settings(BaseSettings):
     )
     retry_cap: Seconds = _opt(DEFAULT_RETRY_CAP_S, "Longest retry backoff in seconds.", "run",
                               gt=0)
+    retry_linger: Seconds = _opt(
+        0.0,
+        "Suspend-aware retries: before exiting, a drain waits up to this many seconds for a "
+        "retry or snooze of its own that is due that soon, and runs it in the same wake "
+        "(0: off; the next wake runs it).",
+        "run", ge=0,
+    )
+    result_max_bytes: int = _opt(
+        64 * 1024,
+        "Largest handler return value kept in the job's result column (bytes of JSON); a "
+        "larger one fails the job with a ResultError.",
+        "run", ge=0,
+    )
     archive_mode: Literal["delete", "move", "off"] = _opt(
         "delete",
         "What the archiver does with old finished jobs: delete them, move them to "

@@ -97,7 +97,7 @@ def collect_status(settings: Settings, registry: Registry | None = None) -> dict
     queues: dict[str, dict[str, Any]] = defaultdict(lambda: {
         "queued": 0, "running": 0, "done": 0, "failed": 0, "due": 0,
         "oldest_due_age_s": None, "next_due_at": None, "expired_leases": 0,
-        "top_failed_error": None, "failed_errors": [],
+        "top_failed_error": None, "failed_errors": [], "paused": False,
     })
     for r in rows:
         qd = queues[r["queue"]]
@@ -114,11 +114,14 @@ def collect_status(settings: Settings, registry: Registry | None = None) -> dict
         qd["failed_errors"].append(entry)
         if qd["top_failed_error"] is None:
             qd["top_failed_error"] = entry
+    t = table[0] if table else {}
+    paused = t.get("paused_queues") or []
+    for p in paused:  # a paused queue is listed even with no jobs
+        queues[p["queue"]]["paused"] = True
     totals = {s: sum(q[s] for q in queues.values())
               for s in ("queued", "running", "done", "failed", "due", "expired_leases")}
     ages = [q["oldest_due_age_s"] for q in queues.values() if q["oldest_due_age_s"] is not None]
     nexts = [q["next_due_at"] for q in queues.values() if q["next_due_at"] is not None]
-    t = table[0] if table else {}
     return {
         "schema": settings.schema_name,
         "table": settings.table,
@@ -128,6 +131,7 @@ def collect_status(settings: Settings, registry: Registry | None = None) -> dict
         "oldest_due_age_s": max(ages) if ages else None,
         "expired_leases": totals["expired_leases"],
         "next_due_at": min(nexts) if nexts else None,
+        "paused_queues": {p["queue"]: p["paused_at"] for p in paused},
         "table_bytes": t.get("table_bytes"),
         "index_bytes": t.get("index_bytes"),
         "total_bytes": t.get("total_bytes"),
@@ -174,6 +178,10 @@ def render_status(st: dict[str, Any]) -> str:
         lines.extend(text_table(table, right=range(1, len(header))))
     lines.append("")
     lines.append(f"next due:        {st['next_due_at'] or '-'}")
+    if st.get("paused_queues"):
+        lines.append("paused queues:   " + ", ".join(
+            f"{name} (since {since})" for name, since in st["paused_queues"].items())
+            + " (not claimed; jobs keep arriving: `drainer resume QUEUE`)")
     lines.append(f"expired leases:  {st['expired_leases']} (the next run's reaper returns them)")
     for name, q in st["queues"].items():
         if q["failed_errors"]:

@@ -50,6 +50,8 @@ _CONFIGURE = (
     jobs.configure_retry,
     jobs.configure_cancel,
     jobs.configure_purge,
+    jobs.configure_pause,
+    jobs.configure_resume,
 )
 assert len(_CONFIGURE) == len(_SCOPES)
 

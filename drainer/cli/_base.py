@@ -37,6 +37,8 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "retry": ("db",),
     "cancel": ("db",),
     "purge": ("db",),
+    "pause": ("db",),
+    "resume": ("db",),
 }
 
 #: The help section of each settings scope.

@@ -360,3 +360,40 @@ def purge_command(args: argparse.Namespace, settings: Settings) -> int:
                         dry_run=args.dry_run)
     emit(report, render_counts, as_json=args.json)
     return 0
+
+
+# -- pause, resume --------------------------------------------------------------------------------
+
+
+def configure_pause(sub: Any) -> None:
+    p = add_command(sub, "pause", "Pause queues: no drainer claims their jobs.",
+                    pause_command, description=(
+                        "Pause queues (during an incident, a deploy, an outage downstream): "
+                        "no drainer claims their jobs, from each drainer's next run on (a run "
+                        "reads the paused queues once, at its start; jobs already running "
+                        "finish). Jobs keep arriving and wait. `drainer status` lists the "
+                        "paused queues; `drainer resume` undoes it. Prints what changed."))
+    p.add_argument("queues", metavar="QUEUE", nargs="+", help="The queues to pause.")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
+def pause_command(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.ops import pause, render_counts
+
+    emit(pause(settings, args.queues), render_counts, as_json=args.json)
+    return 0
+
+
+def configure_resume(sub: Any) -> None:
+    p = add_command(sub, "resume", "Resume paused queues.", resume_command, description=(
+        "Resume paused queues: drainers claim their jobs again from their next run. "
+        "Prints what changed."))
+    p.add_argument("queues", metavar="QUEUE", nargs="+", help="The queues to resume.")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
+def resume_command(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.ops import render_counts, resume
+
+    emit(resume(settings, args.queues), render_counts, as_json=args.json)
+    return 0

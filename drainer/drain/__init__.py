@@ -87,14 +87,21 @@ def run_once(
             connected_at = time.monotonic()
             try:
                 q = db.Queries(conn, settings.schema_name, settings.table)
-                # schema check, reap and which queues have due jobs: one round trip
-                version, reaped, due = q.run_start(
+                # schema check, reap, which queues have due jobs and which are paused (the
+                # run's one lookup of them): one round trip
+                version, reaped, due, paused = q.run_start(
                     queues, latest_version(),
                     [registry.tasks[name].max_attempts for name in queues])
                 check_version(q, version)
                 logger.debug("drain started", extra={"run_id": report.run_id,
                                                      "queues": queues})
                 report.reaped = reaper.counted(reaped).reaped
+                report.paused = [name for name in queues if name in paused]
+                if report.paused:
+                    logger.info("queues paused, not claimed: %s", ", ".join(report.paused),
+                                extra={"run_id": report.run_id})
+                    report.queues = [name for name in queues if name not in paused]
+                    due = [name for name in due if name not in paused]
                 # the recurring definitions of the served queues (a statement only when the
                 # app has some): their next occurrences are rows before anything is claimed
                 schedules = DrainSync(registry.schedules.values(), queues)
@@ -103,14 +110,15 @@ def run_once(
                     if synced.superseded or synced.caught_up:  # catch-up runs, due now
                         due = list(dict.fromkeys([*due, *schedules.queues_synced()]))
                 limits = Limits(stop, deadline, settings.max_jobs)
-                drain = parts["drain"] = _build(settings, registry, conn, q, report, limits,
-                                                hurry, progress)
-                drain.claims.known_due(due)
-                if tracing is not None:
-                    # every handler call of the process from now on runs in a job span
-                    handler_calls.job_context = otel.JobSpan
-                    drain.outcomes.on_outcome = tracing.outcome
-                drain.run()
+                if report.queues:  # the queues drained (paused ones left out)
+                    drain = parts["drain"] = _build(settings, registry, conn, q, report,
+                                                    limits, hurry, progress)
+                    drain.claims.known_due(due)
+                    if tracing is not None:
+                        # every handler call of the process from now on runs in a job span
+                        handler_calls.job_context = otel.JobSpan
+                        drain.outcomes.on_outcome = tracing.outcome
+                    drain.run()
                 # an occurrence that came due during the run gets its successor before the
                 # summary below reads next_due_at (a statement only if the run lasted that long)
                 schedules.finish(q)
@@ -205,8 +213,10 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
 
     handlers = Handlers(settings.concurrency, settings.batch_size, settings.job_timeout,
                         may_start=lambda: not limits.must_release())
+    handlers.result_max_bytes = settings.result_max_bytes
     outcomes = Outcomes(q, report, delete=settings.delete_on_complete,
                         retry_base=settings.retry_base, retry_cap=settings.retry_cap)
+    outcomes.tasks = registry.tasks
 
     runner = transaction.TransactionRunner(
         settings, q, outcomes, report,
@@ -230,6 +240,7 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
                                         _maintenance_timeout(settings, None)),
                   batch_size=settings.batch_size, grace=settings.grace, hurry=hurry,
                   lease=lease, progress=progress, on_close=runner.close)
+    drain.retry_linger = settings.retry_linger
     interval = heartbeat_interval([lease(registry.tasks[name]) for name in report.queues])
     drain.heartbeat = Heartbeat(settings, report.run_id, interval, drain.leases,
                                 handlers.lock)

@@ -158,6 +158,10 @@ class Claims:
         self.last_full = False  # the last claim filled its batch: claiming ahead may pay
         self.ahead: list[_Ahead] = []
         self.clock = BatchClock()  # batch times and round trips (the drain loop's clock)
+        # a max_running queue's claim got less than it asked (the cap, or nothing due):
+        # the report's finished count then; the drain claims again once it has finished
+        # jobs since (it freed slots), instead of taking "nothing claimed" for "drained"
+        self.capped_at: int | None = None
 
     # -- sizes and queues ---------------------------------------------------------------------
     def size(self, idx: int | None = None) -> int:
@@ -223,8 +227,14 @@ class Claims:
 
     def can_combine(self) -> bool:
         """Whether the successes can go with the next claim (of the queue at the cursor)."""
-        return bool(self.outcomes.ok) and self.combine and \
-            not self._task(self.cursor).transaction
+        return bool(self.outcomes.ok) and self.combine and self._may_combine(self.cursor)
+
+    def _may_combine(self, idx: int) -> bool:
+        """A queue whose claims may go with completions and ahead: not transaction mode,
+        not capped by max_running (its claim takes the queue's lock, in its own
+        transaction)."""
+        task = self._task(idx)
+        return not task.transaction and task.max_running is None
 
     def known_due(self, names: list[str]) -> None:
         """The queues with due jobs, as read by the run's first statement: the first sweep
@@ -270,8 +280,16 @@ class Claims:
                 self._dry(idx)
                 continue
             sent = time.monotonic()
-            rows = self.q.claim_batch(task.queue, size, self.lease(task),
-                                      start_now=self.start_now(), run_id=self.report.run_id)
+            if task.max_running is not None:
+                rows = self.q.claim_batch_capped(task.queue, size, self.lease(task),
+                                                 task.max_running, start_now=self.start_now(),
+                                                 run_id=self.report.run_id)
+                if len(rows) < size:
+                    self.capped_at = self.report.finished
+            else:
+                rows = self.q.claim_batch(task.queue, size, self.lease(task),
+                                          start_now=self.start_now(),
+                                          run_id=self.report.run_id)
             self.clock.round_trip(time.monotonic() - sent)
             if len(rows) < size:
                 self._dry(idx)
@@ -293,7 +311,8 @@ class Claims:
             sent = time.monotonic()
             written, rows = self.q.complete_many_and_claim(
                 [o.job.id for o in buf], [o.job.fence for o in buf], task.queue, size,
-                self.lease(task), start_now=self.start_now(), run_id=self.report.run_id)
+                self.lease(task), start_now=self.start_now(), run_id=self.report.run_id,
+                **self.outcomes.completion(buf))
             self.clock.round_trip(time.monotonic() - sent)
         except psycopg.errors.DeadlockDetected as exc:
             # the statement rolled back whole (nothing completed, nothing claimed): write
@@ -310,13 +329,21 @@ class Claims:
         self._took(idx, size, len(rows))
         return [(task, r) for r in rows], True
 
+    def freed_capped_slots(self) -> bool:
+        """Whether a max_running queue came back short and jobs finished since: claim
+        again (once per short claim)."""
+        if self.capped_at is None or self.report.finished <= self.capped_at:
+            return False
+        self.capped_at = None
+        return True
+
     # -- ahead --------------------------------------------------------------------------------
     def can_send_ahead(self) -> bool:
         """Whether a combined statement may go out now, ahead of the batch in hand (the
         drain loop also asks whether batches run fast and nothing else is due)."""
         return (self.depth >= 2 and self.last_full and not self.outcomes.failed
                 and len(self.ahead) < self.depth and self.combine
-                and not self._task(self.cursor).transaction and self.size() > 0)
+                and self._may_combine(self.cursor) and self.size() > 0)
 
     def send_ahead(self) -> None:
         """Send the buffered successes and the next claim without waiting for the result."""
@@ -326,7 +353,8 @@ class Claims:
         buf = self.outcomes.take_successes()
         # claimed ahead: none starts at once (an expired lease gives their attempts back)
         self.pipeline.send([o.job.id for o in buf], [o.job.fence for o in buf], task.queue,
-                           size, self.lease(task), 0, self.report.run_id)
+                           size, self.lease(task), 0, self.report.run_id,
+                           *self.outcomes.completion(buf).values())
         self.ahead.append(_Ahead(buf, self.cursor, size, time.monotonic()))
 
     def receive(self) -> Batch:

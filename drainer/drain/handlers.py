@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import queue as queue_mod
 import threading
 import time
@@ -26,13 +27,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from drainer.registry import Job, Task
+from drainer.registry import Job, Snooze, Task
 
 if TYPE_CHECKING:
     from drainer.db import ClaimedRow
 
 #: Longest error text kept in last_error.
 MAX_ERROR_CHARS = 4000
+
+#: Largest handler result kept (its JSON text, in bytes): the ``result_max_bytes`` setting.
+DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 
 
 @dataclass
@@ -48,6 +52,12 @@ class Outcome:
     ok: bool
     error: str | None = None
     duration_s: float = 0.0
+    result: str | None = None
+    """What the handler returned, as JSON text (None: it returned None)."""
+    snooze: float | None = None
+    """The handler raised Snooze(seconds): back to queued, no attempt used."""
+    discard: bool = False
+    """The failure is one the task discards (``discard_on``/``retry_on``): failed at once."""
     max_attempts: int | None = None
     """Overrides the task's max_attempts for this failure (0: failed at once)."""
 
@@ -123,33 +133,80 @@ def _no_context(task: Task, job: Job) -> AbstractContextManager[Any]:
 job_context: Callable[[Task, Job], AbstractContextManager[Any]] = _no_context
 
 
-def call(task: Task, job: Job) -> Outcome:
+def call(task: Task, job: Job, result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES) -> Outcome:
     """Run one handler and catch whatever it raises."""
     started = time.monotonic()
     with job_context(task, job) as span:
-        outcome = _call_handler(task, job)
+        outcome = _call_handler(task, job, result_max_bytes)
         if span is not None:
             span.ended(outcome.ok, outcome.error)
     outcome.duration_s = round(time.monotonic() - started, 6)
     return outcome
 
 
-def _call_handler(task: Task, job: Job) -> Outcome:
+def _call_handler(task: Task, job: Job, result_max_bytes: int) -> Outcome:
     try:
         if task.is_async:
             coro = task.func(job)
             if task.timeout is not None:
-                asyncio.run(asyncio.wait_for(coro, task.timeout))
+                value = asyncio.run(asyncio.wait_for(coro, task.timeout))
             else:
-                asyncio.run(coro)
+                value = asyncio.run(coro)
         else:
-            task.func(job)
-    except asyncio.TimeoutError:
-        return Outcome(job, task, False, f"TimeoutError: handler exceeded its timeout of "
-                       f"{task.timeout}s")
+            value = task.func(job)
     except BaseException as exc:  # a handler may raise anything, SystemExit included
-        return Outcome(job, task, False, format_error(exc))
-    return Outcome(job, task, True)
+        return raised(task, job, exc, task.timeout)
+    return returned(task, job, value, result_max_bytes)
+
+
+def raised(task: Task, job: Job, exc: BaseException, timeout: float | None) -> Outcome:
+    """The outcome of a handler that raised ``exc`` (Snooze, a timeout, anything else)."""
+    if isinstance(exc, Snooze):
+        return Outcome(job, task, False, str(exc), snooze=exc.seconds)
+    if isinstance(exc, asyncio.TimeoutError):
+        return Outcome(job, task, False, f"TimeoutError: handler exceeded its timeout of "
+                       f"{timeout}s")
+    if isinstance(exc, asyncio.CancelledError):
+        return Outcome(job, task, False, "CancelledError: handler cancelled")
+    return Outcome(job, task, False, format_error(exc), discard=task.discards(exc))
+
+
+def returned(task: Task, job: Job, value: Any, result_max_bytes: int) -> Outcome:
+    """The outcome of a handler that returned ``value`` (kept as the job's result)."""
+    if value is None:
+        return Outcome(job, task, True)
+    try:
+        result = result_json(value, result_max_bytes)
+    except ResultError as exc:
+        return Outcome(job, task, False, f"ResultError: {exc}")
+    return Outcome(job, task, True, result=result)
+
+
+class ResultError(ValueError):
+    """A handler's return value that cannot be kept: not JSON-serialisable, or too big."""
+
+
+def result_json(value: Any, max_bytes: int) -> str:
+    """A handler's return value as the JSON text kept in ``result``; ResultError if it
+    cannot be serialised or is larger than ``max_bytes``."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ResultError(f"the handler's return value is not JSON-serialisable ({exc}); "
+                          "return None, or a dict/list/str/number") from None
+    if "\\u0000" in text:
+        raise ResultError("the handler's return value contains a NUL character, which "
+                          "PostgreSQL's jsonb refuses") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ResultError("the handler's return value has text that is not valid UTF-8 "
+                          "(a lone surrogate)") from None
+    if size > max_bytes:
+        raise ResultError(f"the handler's return value is {size} bytes of JSON, more than "
+                          f"result_max_bytes ({max_bytes}): store it elsewhere and return a "
+                          "reference") from None
+    return text
 
 
 class Handlers:
@@ -172,6 +229,7 @@ class Handlers:
         self.done_q: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
         self.pool: HandlerThreads | None = None
         self.loop: EventLoopThread | None = None
+        self.result_max_bytes = DEFAULT_RESULT_MAX_BYTES
 
     def in_flight(self) -> int:
         # finish() marks a job done and removes it under the lock, so every job left in
@@ -206,6 +264,7 @@ class Handlers:
         if r.task.is_async:
             if self.loop is None:
                 self.loop = EventLoopThread(self.concurrency, self.may_start)
+                self.loop.result_max_bytes = self.result_max_bytes
             self.loop.submit(r, self.timeout(r.task), self.done_q.put)
             return
         if r.timeout_at is not None:
@@ -220,7 +279,7 @@ class Handlers:
 
     def _thread_main(self, r: Running) -> None:
         try:
-            outcome = call(r.task, r.job)
+            outcome = call(r.task, r.job, self.result_max_bytes)
         except BaseException as exc:  # a lost outcome would leave the drain waiting forever
             outcome = Outcome(r.job, r.task, False,
                               f"{type(exc).__name__} while running the handler")
@@ -312,6 +371,7 @@ class EventLoopThread:
     def __init__(self, limit: int, may_start: Callable[[], bool]) -> None:
         self.limit = limit
         self.may_start = may_start
+        self.result_max_bytes = DEFAULT_RESULT_MAX_BYTES  # the Handlers' (result_max_bytes)
         self.active = 0
         self.waiting: deque[tuple[Running, float | None, Callable[[Outcome], None]]] = deque()
         self.loop = asyncio.new_event_loop()
@@ -357,7 +417,8 @@ class EventLoopThread:
 
     def _start(self, r: Running, timeout: float | None,
                done: Callable[[Outcome], None]) -> None:
-        fut = asyncio.ensure_future(_run_async(r.task, r.job, timeout))
+        fut = asyncio.ensure_future(_run_async(r.task, r.job, timeout,
+                                               self.result_max_bytes))
         self.tasks[r.job.id] = fut
 
         def finished(f: asyncio.Future[Any]) -> None:
@@ -393,24 +454,24 @@ class EventLoopThread:
             self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(drain()))
 
 
-async def _run_async(task: Task, job: Job, timeout: float | None) -> Outcome:
-    """One async handler on the drain's loop, its errors and timeout caught like
-    :func:`call`'s."""
+async def _run_async(task: Task, job: Job, timeout: float | None,
+                     result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES) -> Outcome:
+    """One async handler on the drain's loop, its errors, timeout, snooze and result taken
+    like :func:`call`'s (and in the same job context: the span is current inside it)."""
     started = time.monotonic()
-    try:
-        coro = task.func(job)
-        if timeout is not None:
-            await asyncio.wait_for(coro, timeout)
+    with job_context(task, job) as span:
+        try:
+            coro = task.func(job)
+            if timeout is not None:
+                value = await asyncio.wait_for(coro, timeout)
+            else:
+                value = await coro
+        except BaseException as exc:  # a handler may raise anything, SystemExit included
+            outcome = raised(task, job, exc, timeout)
         else:
-            await coro
-        outcome = Outcome(job, task, True)
-    except asyncio.TimeoutError:
-        outcome = Outcome(job, task, False, f"TimeoutError: handler exceeded its timeout of "
-                          f"{timeout}s")
-    except asyncio.CancelledError:
-        outcome = Outcome(job, task, False, "CancelledError: handler cancelled")
-    except BaseException as exc:  # a handler may raise anything, SystemExit included
-        outcome = Outcome(job, task, False, format_error(exc))
+            outcome = returned(task, job, value, result_max_bytes)
+        if span is not None:
+            span.ended(outcome.ok, outcome.error)
     outcome.duration_s = round(time.monotonic() - started, 6)
     return outcome
 

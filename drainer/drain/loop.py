@@ -15,6 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from drainer.drain.claims import Batch, BatchClock, Claims
@@ -67,6 +68,7 @@ class Drain:
         self.on_close = on_close  # at the end of the loop (the transaction connection)
         self.progress = None if progress is None else _Progress(progress, statements, report)
         self.phase = Phase.CLAIMING
+        self.retry_linger = 0.0  # seconds to wait in the tail for a retry due that soon
         self.pending: deque[Running] = deque()  # claimed, not handed to a handler yet
         self.clock: BatchClock = claims.clock
 
@@ -117,8 +119,39 @@ class Drain:
         if self.pending or busy:
             if busy and (self.limits.must_release() or (limit is not None and not self.pending)):
                 self.phase = Phase.STOPPING
+        elif limit is None and self.phase is Phase.DRAINED and self._again():
+            self.phase = Phase.CLAIMING
         elif self.phase is Phase.DRAINED or limit is not None:
             self.phase = Phase.DONE
+
+    def _again(self) -> bool:
+        """Before exiting: claim again when follow-ups due now were just inserted (the
+        statement that inserted them could not claim them), or when a retry or snooze of
+        this drain is due within retry_linger seconds (waited for here: the compute is up
+        anyway, the next wake would cost a resume)."""
+        if self.outcomes.followups_due:
+            self.outcomes.followups_due = False
+            return True
+        if self.claims.freed_capped_slots():
+            return True
+        if self.retry_linger <= 0:
+            return False
+        now = datetime.now(timezone.utc)
+        due = self.outcomes.next_retry_at(now)
+        if due is None:
+            return False
+        wait = (due - now).total_seconds()
+        if wait > self.retry_linger:
+            return False
+        if self.limits.deadline is not None and \
+                time.monotonic() + max(wait, 0) >= self.limits.deadline:
+            return False
+        if wait > 0:
+            started = time.monotonic()
+            self.limits.stop.wait(wait + 0.01)
+            self.report.lingered_s = round(self.report.lingered_s
+                                           + time.monotonic() - started, 6)
+        return not self.limits.stop.is_set()
 
     def _hand_over(self) -> None:
         """Start what may start; once the batch is handed over, claim the next ahead."""

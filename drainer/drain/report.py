@@ -35,6 +35,16 @@ class RunReport:
     #: Jobs due at the end of the run on queues no handler serves, by queue: nothing
     #: drains them (a misspelt queue name, a handler that was removed).
     unserved_due: dict[str, int] = field(default_factory=dict)
+    snoozed: int = 0
+    """Jobs whose handler raised Snooze: back to queued later, no attempt used."""
+    discarded: int = 0
+    """Of ``failed``: failed at once by the task's discard_on/retry_on."""
+    followups: int = 0
+    """Follow-up jobs inserted with the successes of the jobs that enqueued them."""
+    paused: list[str] = field(default_factory=list)
+    """Queues of this drain not claimed because an operator paused them."""
+    lingered_s: float = 0.0
+    """Time spent waiting in the drain's tail for retries due soon (retry_linger)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -24,19 +24,28 @@ class Statements(Protocol):
     def due_queues(self, queues: Sequence[str]) -> list[str]: ...
 
     def complete_many(self, ids: Sequence[int], fences: Sequence[int], *,
-                      delete: bool = False, results: Sequence[Any] | None = None
-                      ) -> set[int]: ...
+                      delete: bool = False, results: Sequence[str | None] | None = None,
+                      followups: str | None = None) -> set[int]: ...
 
     def complete_many_and_claim(
         self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
         lease: float, *, start_now: int | None = None, run_id: str | None = None,
-        results: Sequence[Any] | None = None,
+        results: Sequence[str | None] | None = None, followups: str | None = None,
     ) -> tuple[set[int], list[ClaimedRow]]: ...
 
     def fail_many(
         self, ids: Sequence[int], fences: Sequence[int], errors: Sequence[str],
-        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,
+        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float, *,
+        bases: Sequence[float | None] | None = None, caps: Sequence[float | None] | None = None,
+        jitters: Sequence[float] | None = None,
     ) -> list[tuple[int, str, datetime]]: ...
+
+    def snooze_many(self, ids: Sequence[int], fences: Sequence[int],
+                    seconds: Sequence[float]) -> dict[int, datetime]: ...
+
+    def claim_batch_capped(self, queue: str, batch_size: int, lease: float,
+                           max_running: int, *, start_now: int | None = None,
+                           run_id: str | None = None) -> list[ClaimedRow]: ...
 
     def release_many(self, ids: Sequence[int], fences: Sequence[int]) -> set[int]: ...
 
@@ -53,7 +62,8 @@ class Pipeline(Protocol):
     in_flight: int
 
     def send(self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
-             lease: float, start_now: int | None = None, run_id: str | None = None
+             lease: float, start_now: int | None = None, run_id: str | None = None,
+             results: Sequence[str | None] | None = None, followups: str | None = None
              ) -> None: ...
 
     def receive(self) -> tuple[set[int], list[ClaimedRow]]: ...

@@ -175,7 +175,9 @@ class TransactionRunner:
                             raise _HandlerFailed(outcome)
                 finally:
                     job.conn = None
-                box.written = tq.complete_many([job.id], [job.fence])
+                # its result and follow-ups commit with it (issue 17)
+                box.written = tq.complete_many([job.id], [job.fence],
+                                               **self.outcomes.completion([outcome]))
                 box.outcome = outcome
         except _HandlerFailed as failed:
             box.outcome = failed.outcome

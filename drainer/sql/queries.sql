@@ -58,15 +58,71 @@ CROSS JOIN LATERAL (
 ) AS due
 ORDER BY q.n;
 
+-- name: queue_claim_lock
+-- A queue with max_running (issue 17), step 1 of its claim transaction: one claimer of
+-- the queue at a time, across every drainer (a transaction-level advisory lock, keyed by
+-- table and queue, released at COMMIT). The claim that follows is a new statement, so
+-- under READ COMMITTED its snapshot sees every claim committed before the lock was ours.
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
+
+-- name: claim_batch_capped
+-- A queue with max_running, step 2: claim_batch, at most max_running minus the jobs of
+-- the queue running under a live lease (locked_until > now()) now. Held under
+-- queue_claim_lock, so no two claims of the queue count the same free slots.
+WITH live AS (
+  SELECT count(*) AS n FROM {jobs}
+  WHERE queue = %(queue)s AND status = 'running' AND locked_until > now()
+), next AS (
+  SELECT id, suspect FROM {jobs}
+  WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
+  ORDER BY priority DESC, run_at, id
+  LIMIT (SELECT greatest(0, least(%(batch_size)s::bigint, %(max_running)s::bigint - n))
+         FROM live)
+  FOR UPDATE SKIP LOCKED
+), ranked AS (
+  SELECT id, suspect, row_number() OVER () AS n FROM next
+)
+UPDATE {jobs} j
+SET status       = 'running',
+    attempts     = j.attempts + 1,
+    fence        = j.fence + 1,
+    charged      = j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s)),
+    suspect      = false,
+    run_id       = %(run_id)s,
+    locked_until = now() + make_interval(secs => %(lease)s)
+WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
+RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
+          j.locked_until, j.fence;
+
 -- name: complete_many
 -- A batch of jobs succeeded: one statement for all of them, each with what its handler
 -- returned (NULL for nothing). Returns the ids written.
-UPDATE {jobs} j
-SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result
-FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(results)s::jsonb[])
-  AS o(id, fence, result)
-WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
-RETURNING j.id;
+--
+-- followups: the jobs the handlers enqueued with job.enqueue (a JSON array of objects, each
+-- with the id of the job that enqueued it as "parent"), inserted in the same statement and
+-- only for the jobs this statement completed: a job that failed, was cancelled or whose
+-- lease was lost (its fenced UPDATE matched nothing) adds none. Duplicate dedup keys are
+-- skipped as by enqueue.
+WITH done AS (
+  UPDATE {jobs} j
+  SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result
+  FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(results)s::jsonb[])
+    AS o(id, fence, result)
+  WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
+  RETURNING j.id
+), followed AS (
+  INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
+  SELECT f.queue, f.payload, coalesce(f.run_at, now()), f.priority, f.max_attempts,
+         f.dedup_key
+  FROM jsonb_to_recordset(%(followups)s::jsonb)
+    AS f(parent bigint, queue text, payload jsonb, run_at timestamptz, priority int,
+         max_attempts int, dedup_key text)
+  WHERE f.parent IN (SELECT id FROM done)
+  ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
+  DO NOTHING
+  RETURNING 1
+)
+SELECT id FROM done;
 
 -- name: complete_many_and_claim
 -- complete_many and the next claim_batch in one statement: one round trip and one commit
@@ -94,6 +150,19 @@ WITH done AS (
     AS o(id, fence, result)
   WHERE j.id = o.id AND j.status = %(running)s::text AND j.fence = o.fence
   RETURNING j.id
+), followed AS (
+  -- as in complete_many: follow-ups of the jobs completed here only (the claim below
+  -- cannot see them: same snapshot; the drain claims again when some are due)
+  INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
+  SELECT f.queue, f.payload, coalesce(f.run_at, now()), f.priority, f.max_attempts,
+         f.dedup_key
+  FROM jsonb_to_recordset(%(followups)s::jsonb)
+    AS f(parent bigint, queue text, payload jsonb, run_at timestamptz, priority int,
+         max_attempts int, dedup_key text)
+  WHERE f.parent IN (SELECT id FROM done)
+  ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
+  DO NOTHING
+  RETURNING 1
 ), next AS (
   SELECT id, suspect FROM {jobs}
   WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
@@ -135,26 +204,46 @@ FROM claimed;
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
 
 -- name: delete_completed_many
--- Like complete_many, for delete-on-complete: the row goes, no history is kept.
-DELETE FROM {jobs} j
-USING unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS o(id, fence)
-WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
-RETURNING j.id;
+-- Like complete_many, for delete-on-complete: the row goes, no history is kept (nor its
+-- result); follow-ups are inserted as in complete_many.
+WITH done AS (
+  DELETE FROM {jobs} j
+  USING unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS o(id, fence)
+  WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
+  RETURNING j.id
+), followed AS (
+  INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
+  SELECT f.queue, f.payload, coalesce(f.run_at, now()), f.priority, f.max_attempts,
+         f.dedup_key
+  FROM jsonb_to_recordset(%(followups)s::jsonb)
+    AS f(parent bigint, queue text, payload jsonb, run_at timestamptz, priority int,
+         max_attempts int, dedup_key text)
+  WHERE f.parent IN (SELECT id FROM done)
+  ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
+  DO NOTHING
+  RETURNING 1
+)
+SELECT id FROM done;
 
 -- name: fail_many
 -- Jobs failed: back to queued with run_at = now() + least(cap, base * 2^attempts)
 -- (20 s, 40 s, ... with the defaults), or failed for good once attempts >= max_attempts
 -- (the row's, or the task's max_attempts when it sets one; 0 fails the job at once: a
 -- payload that cannot be decoded, an exception the task discards).
--- 2^attempts is bounded so that a large max_attempts cannot overflow the interval.
+-- base, cap and jitter are per row (the task's retry policy, else the settings): the wait
+-- is multiplied by 1 + jitter * random() (jitter 0: exactly the formula).
+-- 2^attempts is bounded so that a large max_attempts cannot overflow the interval, and
+-- run_at stays under the table's CHECK (9999-01-01).
 UPDATE {jobs} j
 SET status       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
                         THEN 'failed' ELSE 'queued' END,
     run_at       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
                         THEN j.run_at
-                        ELSE now() + least(make_interval(secs => %(retry_cap)s),
-                                           make_interval(secs => %(retry_base)s)
-                                             * 2 ^ least(j.attempts, 40)) END,
+                        ELSE least(now() + least(make_interval(secs => o.cap),
+                                                 make_interval(secs => o.base)
+                                                   * 2 ^ least(j.attempts, 40))
+                                         * (1 + o.jitter * random()),
+                                   '9999-01-01 00:00:00+00'::timestamptz) END,
     locked_until = NULL,
     finished_at  = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
                         THEN now() END,
@@ -162,9 +251,30 @@ SET status       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attemp
     charged      = false,
     suspect      = false
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(errors)s::text[],
-            %(max_attempts)s::int[]) AS o(id, fence, error, max_attempts)
+            %(max_attempts)s::int[], %(bases)s::float8[], %(caps)s::float8[],
+            %(jitters)s::float8[]) AS o(id, fence, error, max_attempts, base, cap, jitter)
 WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
 RETURNING j.id, j.status, j.run_at;
+
+-- name: snooze_many
+-- Handlers that raised drainer.Snooze(seconds): back to queued with run_at moved on by
+-- each job's seconds (kept under the table's CHECK), and the attempt the claim counted
+-- given back, so a snooze uses none. snoozes and snoozed_at keep the history that
+-- attempts does not. Fenced like every outcome.
+UPDATE {jobs} j
+SET status       = 'queued',
+    attempts     = greatest(j.attempts - 1, 0),
+    run_at       = least(now() + make_interval(secs => o.seconds),
+                         '9999-01-01 00:00:00+00'::timestamptz),
+    locked_until = NULL,
+    charged      = false,
+    suspect      = false,
+    snoozes      = j.snoozes + 1,
+    snoozed_at   = now()
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(seconds)s::float8[])
+  AS o(id, fence, seconds)
+WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
+RETURNING j.id, j.run_at;
 
 -- name: extend_many
 -- Heartbeat: push the lease of jobs still running. A job missing from the result is no
@@ -226,8 +336,11 @@ RETURNING j.id, j.status, j.attempts;
 -- version, reap_expired (only when the version is the one this drainer needs, so an
 -- outdated table is not touched), and due_queues. Rows: ('version', version, NULL...),
 -- one ('reaped', id, status, attempts, queue) per reaped lease, one ('due', ..., queue)
--- per queue with due jobs, in the given order. A reaped job put back to queued makes its
--- queue due (the CTE's snapshot does not see the update).
+-- per queue with due jobs, in the given order, one ('paused', ..., queue) per served queue
+-- an operator paused (`drainer pause`: the run's one lookup of them). A reaped job put back
+-- to queued makes its queue due (the CTE's snapshot does not see the update). A table older
+-- than migration 0004 has no control table: the statement fails and the drain asks
+-- schema_version alone, which tells it to migrate.
 WITH v AS (
   SELECT max(version) AS version FROM {migrations} WHERE table_name = %(table)s
 ), reaped AS (
@@ -259,6 +372,9 @@ FROM v
 UNION ALL
 SELECT 'reaped', id, status, attempts, queue, 0 FROM reaped
 UNION ALL
+SELECT 'paused', NULL, NULL, NULL, c.queue, 0
+FROM {control} c WHERE c.paused AND c.queue = ANY (%(queues)s::text[])
+UNION ALL
 SELECT 'due', NULL, NULL, NULL, q.queue, q.n
 FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
 WHERE EXISTS (SELECT 1 FROM reaped r WHERE r.queue = q.queue AND r.status = 'queued')
@@ -288,11 +404,11 @@ WITH doomed AS (
   DELETE FROM {jobs} j USING doomed WHERE j.id = doomed.id
   RETURNING j.id, j.queue, j.payload, j.status, j.run_at, j.attempts, j.max_attempts,
             j.locked_until, j.last_error, j.created_at, j.priority, j.dedup_key, j.finished_at,
-            j.fence, j.charged, j.suspect, j.result, j.run_id
+            j.fence, j.charged, j.suspect, j.result, j.run_id, j.snoozes, j.snoozed_at
 )
 INSERT INTO {archive} (id, queue, payload, status, run_at, attempts, max_attempts,
                        locked_until, last_error, created_at, priority, dedup_key, finished_at,
-                       fence, charged, suspect, result, run_id)
+                       fence, charged, suspect, result, run_id, snoozes, snoozed_at)
 SELECT * FROM moved;
 
 -- name: queue_summary
@@ -488,13 +604,29 @@ FROM {jobs}
 GROUP BY queue, status
 ORDER BY queue, status;
 
+-- name: queue_pause
+-- `drainer pause QUEUE...`: no drainer claims these queues (from each drainer's next run:
+-- a run reads the paused queues once, at its start). Jobs keep arriving.
+INSERT INTO {control} (queue, paused, paused_at, updated_at)
+SELECT q, true, now(), now() FROM unnest(%(queues)s::text[]) AS q
+ON CONFLICT (queue) DO UPDATE
+SET paused = true, paused_at = now(), updated_at = now()
+  WHERE NOT {control}.paused
+RETURNING queue;
+
+-- name: queue_resume
+-- `drainer resume QUEUE...`: the queues are claimed again (from each drainer's next run).
+UPDATE {control} SET paused = false, paused_at = NULL, updated_at = now()
+WHERE queue = ANY(%(queues)s) AND paused
+RETURNING queue;
+
 -- name: status_table
 -- Size and vacuum state of the jobs table, and the sessions that matter for it: other
 -- drainer connections now, and the oldest open transaction in this database (it holds
 -- back VACUUM of every table, the jobs table first). And the recurring series (a JSON
 -- array, in the same statement so status stays four): every recurring_key in the table, its
 -- next occurrence (queued or running, the earliest) and its last finished one, both looked
--- up on the (recurring_key, scheduled_for) index.
+-- up on the (recurring_key, scheduled_for) index; and the paused queues.
 SELECT pg_total_relation_size(c.oid) AS total_bytes,
        pg_relation_size(c.oid) AS table_bytes,
        pg_indexes_size(c.oid) AS index_bytes,
@@ -519,7 +651,12 @@ SELECT pg_total_relation_size(c.oid) AS total_bytes,
           LEFT JOIN LATERAL (
             SELECT status, scheduled_for, finished_at, last_error FROM {jobs}
             WHERE recurring_key = k.key AND status IN ('done', 'failed')
-            ORDER BY scheduled_for DESC LIMIT 1) last ON true) r) AS recurring
+            ORDER BY scheduled_for DESC LIMIT 1) last ON true) r) AS recurring,
+       -- the paused queues (`drainer pause`), with since when: in this statement so that
+       -- status stays four
+       (SELECT coalesce(jsonb_agg(jsonb_build_object('queue', queue, 'paused_at', paused_at)
+                                  ORDER BY queue), '[]'::jsonb)
+        FROM {control} WHERE paused) AS paused_queues
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = %(regclass)s::regclass;
@@ -556,6 +693,7 @@ LIMIT %(limit)s;
 -- `drainer show`: one job, every column, the full last_error.
 SELECT id, queue, status, payload, attempts, max_attempts, priority, run_at, locked_until,
        created_at, finished_at, dedup_key, last_error, result, run_id, fence, suspect,
+       snoozes, snoozed_at,
        (status = 'running' AND locked_until < now()) AS lease_expired
 FROM {jobs}
 WHERE id = %(id)s;

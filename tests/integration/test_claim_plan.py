@@ -20,7 +20,8 @@ from drainer.settings import Settings
 
 QUEUES = [f"q{i}" for i in range(5)]
 PARAMS = {"batch_size": 10, "lease": 300.0, "ids": [1, 2], "fences": [1, 1],
-          "results": [None, None], "running": "running", "start_now": 1, "run_id": "test"}
+          "results": [None, None], "running": "running", "start_now": 1, "run_id": "test",
+          "followups": "[]"}
 
 
 @pytest.fixture
@@ -98,9 +99,10 @@ def test_claim_is_an_index_scan_per_queue(loaded: Settings, conn: psycopg.Connec
         ["text", "int8", "int8", "text", "float8"], values), index, "claim generic")
     generic = _explain_generic(
         conn, q.text("complete_many_and_claim"),
-        ["ids", "fences", "results", "running", "queue", "batch_size", "start_now",
-         "run_id", "lease"],
-        ["bigint[]", "bigint[]", "jsonb[]", "text", "text", "int8", "int8", "text", "float8"],
+        ["ids", "fences", "results", "followups", "running", "queue", "batch_size",
+         "start_now", "run_id", "lease"],
+        ["bigint[]", "bigint[]", "jsonb[]", "jsonb", "text", "text", "int8", "int8", "text",
+         "float8"],
         values)
     _assert_index_claim(generic, index, "complete+claim generic")
     # the completion finds its rows by primary key, never by walking the lease index

@@ -109,14 +109,15 @@ class FakeJobs:
         return self._claim(queue, batch_size, lease, start_now, run_id)
 
     def complete_many(self, ids: Sequence[int], fences: Sequence[int], *,
-                      delete: bool = False, results: Sequence[Any] | None = None) -> set[int]:
+                      delete: bool = False, results: Sequence[Any] | None = None,
+                      **_: Any) -> set[int]:
         self._send("complete_many")
         return self._complete(ids, fences, results)
 
     def complete_many_and_claim(
         self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
         lease: float, *, start_now: int | None = None, run_id: str | None = None,
-        results: Sequence[Any] | None = None,
+        results: Sequence[Any] | None = None, **_: Any,
     ) -> tuple[set[int], list[ClaimedRow]]:
         self._send("complete_many_and_claim")
         return (self._complete(ids, fences, results),
@@ -124,7 +125,7 @@ class FakeJobs:
 
     def fail_many(
         self, ids: Sequence[int], fences: Sequence[int], errors: Sequence[str],
-        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float,
+        max_attempts: Sequence[int | None], retry_base: float, retry_cap: float, **_: Any,
     ) -> list[tuple[int, str, datetime]]:
         self._send("fail_many")
         out = []
@@ -137,6 +138,26 @@ class FakeJobs:
             r.run_at = T0 + timedelta(hours=1)  # a retry is due later, not in this drain
             out.append((r.id, r.status, r.run_at))
         return out
+
+    def snooze_many(self, ids: Sequence[int], fences: Sequence[int],
+                    seconds: Sequence[float]) -> dict[int, datetime]:
+        self._send("snooze_many")
+        out = {}
+        wait_of = dict(zip(ids, seconds, strict=True))
+        for r in self._fenced(ids, fences):
+            wait = wait_of[r.id]
+            r.status, r.attempts = "queued", r.attempts - 1
+            r.run_at = T0 + timedelta(seconds=wait)
+            out[r.id] = r.run_at
+        return out
+
+    def claim_batch_capped(self, queue: str, batch_size: int, lease: float,
+                           max_running: int, **_: Any) -> list[ClaimedRow]:
+        self._send("claim_batch_capped")
+        running = sum(1 for r in self.rows.values()
+                      if r.queue == queue and r.status == "running")
+        return self._claim(queue, max(0, min(batch_size, max_running - running)), lease,
+                           _.get("start_now"), _.get("run_id"))
 
     def release_many(self, ids: Sequence[int], fences: Sequence[int]) -> set[int]:
         self._send("release_many")
@@ -179,8 +200,8 @@ class FakeJobs:
 
     # -- Pipeline -----------------------------------------------------------------------------
     def send(self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
-             lease: float, start_now: int | None = None, run_id: str | None = None
-             ) -> None:
+             lease: float, start_now: int | None = None, run_id: str | None = None,
+             *_: Any) -> None:
         """The server runs statements in the order they were sent: run it now, answer later."""
         self.in_flight += 1
         try:

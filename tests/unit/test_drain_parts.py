@@ -267,10 +267,12 @@ def test_outcomes_tell_each_jobs_outcome_once() -> None:
     from drainer.registry import Job
 
     class Statements:
-        def complete_many(self, ids: Any, attempts: Any, *, delete: bool = False) -> set[int]:
+        def complete_many(self, ids: Any, fences: Any, *, delete: bool = False,
+                          **completion: Any) -> set[int]:  # results, follow-ups
             return {1}  # job 2's success is lost (UPDATE 0)
 
-        def fail_many(self, ids: Any, *rest: Any) -> list[tuple[int, str, datetime]]:
+        def fail_many(self, ids: Any, *rest: Any, **policy: Any
+                      ) -> list[tuple[int, str, datetime]]:  # per-task backoffs
             t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
             return [(3, "queued", t0), (4, "failed", t0)]  # job 5's failure is lost
 
