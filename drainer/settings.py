@@ -98,6 +98,9 @@ DEFAULT_MAX_SLEEP_S = 6 * 3600.0  # schedule --wake-policy known-work: the safet
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 QueueList = Annotated[list[str] | None, BeforeValidator(split_list)]
+#: A log level in any case (DRAINER_LOG_LEVEL=debug, as --log-level debug).
+LogLevel = Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"],
+                     BeforeValidator(lambda v: v.upper() if isinstance(v, str) else v)]
 
 
 def _opt(default: Any, description: str, *scopes: str, **kw: Any) -> Any:
@@ -188,7 +191,7 @@ class Settings(BaseSettings):
         min_length=1,
         max_length=48,
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = _opt(
+    log_level: LogLevel = _opt(
         "INFO", "Log level of the messages on stderr.", "db"
     )
     log_format: Literal["auto", "json", "text"] = _opt(

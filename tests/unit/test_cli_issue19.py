@@ -220,3 +220,12 @@ def test_an_app_that_fails_to_import_shows_file_and_line(
     text = str(err.value)
     assert text.startswith(f"cannot import app module {name!r}: {name}.py:{line}: {kind}: ")
     assert "\n" not in text
+
+
+def test_the_log_level_variable_takes_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    from drainer.settings import load_settings
+
+    monkeypatch.setenv("DRAINER_LOG_LEVEL", "debug")
+    assert load_settings().log_level == "DEBUG"
+    monkeypatch.setenv("DRAINER_LOG_LEVEL", "Warning")
+    assert load_settings().log_level == "WARNING"
