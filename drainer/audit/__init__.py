@@ -1,6 +1,7 @@
 """``drainer audit``: sample pg_stat_activity and name what keeps a serverless compute awake.
 
-The rules are those of a compute's activity monitor as the Japanese article describes it
+The rules are those of a compute's activity monitor as "Postgres as a job queue: using
+FOR UPDATE SKIP LOCKED correctly" describes it
 (it looks at the client sessions every 0.5 s):
 
 - a session that is not idle (running a query, idle in transaction) is activity now;

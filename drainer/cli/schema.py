@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 
 
 def configure_migrate(sub: Any) -> None:
-    p = add_command(sub, "migrate", "Create or upgrade the jobs table (idempotent; adopts the "
-                    "article's table).", migrate_command)
+    p = add_command(sub, "migrate", "Create or upgrade the jobs table (idempotent; adopts a "
+                    "table made from the DDL of 'Postgres as a job queue: using FOR UPDATE "
+                    "SKIP LOCKED correctly').", migrate_command)
     p.add_argument("--notify-trigger", action="store_true",
                    help="Also install the AFTER INSERT trigger that pg_notify('drainer', "
                    "queue)s, for `drainer worker`.")
