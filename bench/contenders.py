@@ -53,15 +53,19 @@ def pgbench_script(url: str, schema: str, queue: str, batch: int) -> str:
         q = Queries(conn, schema, "jobs")
         claim, complete = q.text("claim_batch"), q.text("complete_many")
         literal = sql.Literal(queue).as_string(conn)
+    # the claim as the drain sends it in step (every job starts at once, one run id), the
+    # completion with no results and no follow-ups
     claim = (claim.replace("%(queue)s", literal).replace("%(batch_size)s", ":batch")
-             .replace("%(lease)s", ":lease"))
-    complete = complete.replace("%(ids)s", ":ids").replace("%(attempts)s", ":att")
+             .replace("%(lease)s", ":lease").replace("%(start_now)s", ":batch")
+             .replace("%(run_id)s", "'bench'"))
+    complete = (complete.replace("%(ids)s", ":ids").replace("%(fences)s", ":fences")
+                .replace("%(results)s", "NULL").replace("%(followups)s", "'[]'"))
     return (
         f"\\set batch {batch}\n"
         "\\set lease 300\n"
         f"WITH c AS (\n{claim}\n)\n"
         "SELECT coalesce(array_agg(id), '{}') AS ids, "
-        "coalesce(array_agg(attempts), '{}') AS att FROM c\n"
+        "coalesce(array_agg(fence), '{}') AS fences FROM c\n"
         "\\gset\n"
         f"{complete};\n"
     )

@@ -19,11 +19,13 @@ def main(dsn: str, schema: str, batch: int = 10) -> int:
         done = 0
         while True:
             rows = conn.execute(claim, {"queue": "bench", "batch_size": batch,
-                                        "lease": 300.0}).fetchall()
+                                        "lease": 300.0, "start_now": batch,
+                                        "run_id": "plain"}).fetchall()
             if not rows:
                 break
             conn.execute(complete, {"ids": [r[0] for r in rows],
-                                    "attempts": [r[3] for r in rows]})
+                                    "fences": [r[8] for r in rows],
+                                    "results": [None] * len(rows), "followups": "[]"})
             done += len(rows)
     print(done)
     return 0

@@ -27,12 +27,13 @@ _CREATE_ROLE = sql.SQL(
 )
 _REVOKE_SCHEMA = sql.SQL("REVOKE ALL ON SCHEMA {schema} FROM {drainer}, {producer}")
 _REVOKE_TABLES = sql.SQL(
-    "REVOKE ALL ON {jobs}, {archive}, {migrations} FROM {drainer}, {producer}")
+    "REVOKE ALL ON {jobs}, {archive}, {migrations}, {control} FROM {drainer}, {producer}")
 _DRAINER = (
     sql.SQL("GRANT USAGE ON SCHEMA {schema} TO {drainer}"),
     sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {jobs} TO {drainer}"),
     sql.SQL("GRANT SELECT, INSERT ON {archive} TO {drainer}"),
     sql.SQL("GRANT SELECT ON {migrations} TO {drainer}"),
+    sql.SQL("GRANT SELECT, INSERT, UPDATE ON {control} TO {drainer}"),
 )
 _MAINTAIN = sql.SQL("GRANT MAINTAIN ON {jobs} TO {drainer}")
 _PRODUCER = (
@@ -59,6 +60,7 @@ def grant_statements(schema: str, table: str, *, drainer_role: str = DEFAULT_DRA
         "jobs": sql.Identifier(schema, table),
         "archive": sql.Identifier(schema, f"{table}_archive"),
         "migrations": sql.Identifier(schema, "drainer_migrations"),
+        "control": sql.Identifier(schema, f"{table}_queues"),
         "drainer": sql.Identifier(drainer_role),
         "producer": sql.Identifier(producer_role),
         "insert_columns": sql.SQL(", ").join(map(sql.Identifier, PRODUCER_INSERT_COLUMNS)),

@@ -21,7 +21,7 @@
 -- The roles are created with LOGIN and no password when missing (set one with
 -- `\password drainer`, or use your platform's console); existing roles are only granted.
 -- Running the script again gives the same grants: it first revokes everything the two
--- roles hold on the three tables, then grants exactly this:
+-- roles hold on the four tables, then grants exactly this:
 --
 --   drainer role:   USAGE on the schema;
 --                   SELECT, INSERT, UPDATE, DELETE on <table>   (claim is UPDATE ... FOR
@@ -30,7 +30,9 @@
 --                     enqueue follow-up jobs);
 --                   SELECT, INSERT on <table>_archive  (archive-mode=move inserts there;
 --                     archived rows are never updated, pruning the archive is the owner's);
---                   SELECT on drainer_migrations  (every run checks the schema version).
+--                   SELECT on drainer_migrations  (every run checks the schema version);
+--                   SELECT, INSERT, UPDATE on <table>_queues  (every run reads the paused
+--                     queues; `drainer pause` / `resume` write them).
 --   producer role:  USAGE on the schema;
 --                   INSERT on the columns a producer sets (queue, payload, run_at,
 --                     priority, max_attempts, dedup_key, trace_context): it cannot insert
@@ -79,6 +81,7 @@
   \set maintain off
 \endif
 \set archive :table _archive
+\set control :table _queues
 \if :maintain
   SELECT current_setting('server_version_num')::int >= 170000 AS server_has_maintain \gset
   \if :server_has_maintain
@@ -95,14 +98,15 @@ SELECT format('CREATE ROLE %I LOGIN', :'producer_role')
 WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'producer_role') \gexec
 
 REVOKE ALL ON SCHEMA :"schema" FROM :"drainer_role", :"producer_role";
-REVOKE ALL ON :"schema".:"table", :"schema".:"archive", :"schema".drainer_migrations
-  FROM :"drainer_role", :"producer_role";
+REVOKE ALL ON :"schema".:"table", :"schema".:"archive", :"schema".drainer_migrations,
+  :"schema".:"control" FROM :"drainer_role", :"producer_role";
 
 -- the drainer
 GRANT USAGE ON SCHEMA :"schema" TO :"drainer_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".:"table" TO :"drainer_role";
 GRANT SELECT, INSERT ON :"schema".:"archive" TO :"drainer_role";
 GRANT SELECT ON :"schema".drainer_migrations TO :"drainer_role";
+GRANT SELECT, INSERT, UPDATE ON :"schema".:"control" TO :"drainer_role";
 \if :maintain
 GRANT MAINTAIN ON :"schema".:"table" TO :"drainer_role";
 \endif

@@ -92,7 +92,7 @@ def p_unprintable(job: Job) -> None:
 
 @task("p_returns_object")
 def p_returns_object(job: Job) -> object:
-    """Returns something no serialiser can handle: drainer ignores return values."""
+    """Returns something no serialiser can handle: its job fails with a clear error."""
     record(job, "start")
     return threading.Lock()
 

@@ -154,6 +154,9 @@ def test_roles_hold_exactly_the_documented_privileges(migrated: Settings, pg_url
             ("table", "jobs", "", "UPDATE"), ("table", "jobs", "", "DELETE"),
             ("table", "jobs_archive", "", "SELECT"), ("table", "jobs_archive", "", "INSERT"),
             ("table", "drainer_migrations", "", "SELECT"),
+            # the paused queues: read by every run, written by drainer pause / resume
+            ("table", "jobs_queues", "", "SELECT"), ("table", "jobs_queues", "", "INSERT"),
+            ("table", "jobs_queues", "", "UPDATE"),
         }
         producer_columns = {("column", "jobs", c, "INSERT") for c in (
             "queue", "payload", "run_at", "priority", "max_attempts", "dedup_key",

@@ -161,7 +161,8 @@ def test_article_pgbench_experiment(conn: psycopg.Connection[Any], pg_url: str, 
                         for i in range(JOBS)], schema=migrated.schema_name)
     q = Queries(conn, migrated.schema_name, migrated.table)
     claim = psycopg.ClientCursor(conn).mogrify(
-        q.text("claim_batch"), {"queue": "default", "batch_size": 1, "lease": 300.0})
+        q.text("claim_batch"), {"queue": "default", "batch_size": 1, "lease": 300.0,
+                                "start_now": 1, "run_id": "pgbench"})
     claim_sql = tmp_path / "claim.sql"
     claim_sql.write_text(" ".join(claim.split()) + ";\n")
 

@@ -29,8 +29,10 @@ POISON = {
     "p_unprintable": (2, "failed", "_Unprintable"),
     "p_sysexit": (2, "failed", "SystemExit: 9"),
     "p_base": (2, "failed", "_Fatal: poison: a BaseException that is no Exception"),
-    # drainer keeps no return values: an unserialisable one cannot poison anything.
-    "p_returns_object": (2, "done", None),
+    # a return value is kept as the job's result (issue 17): one no serialiser can handle
+    # fails its job with a clear error, and poisons nothing else
+    "p_returns_object": (2, "failed", "ResultError: the handler's return value is not "
+                         "JSON-serialisable"),
 }
 
 
