@@ -242,17 +242,24 @@ def purge_jobs(settings: Settings, *, status: str, older_than: float,
             deleted = int(rows[0]["count"])
             statements = 1
         else:
-            while True:
-                n = q.archive_batch(status, older_than, batch, move=False)
-                statements += 1
-                deleted += n
-                if n < batch:
-                    break
+            deleted, statements = purge_batches(q, status, older_than, batch)
     if not dry_run:
         logger.info("purge: deleted %d %s jobs finished more than %.0fs ago", deleted, status,
                     older_than)
     return {"dry_run": dry_run, "status": status, "older_than_s": older_than,
             "purged": deleted, "statements": statements}
+
+
+def purge_batches(q: Queries, status: str, older_than: float, batch: int) -> tuple[int, int]:
+    """The deletes of `drainer purge`: batches of ``batch`` rows until one comes back short.
+    Returns (rows deleted, statements run)."""
+    deleted = statements = 0
+    while True:
+        n = q.archive_batch(status, older_than, batch, move=False)
+        statements += 1
+        deleted += n
+        if n < batch:
+            return deleted, statements
 
 
 # -- text -----------------------------------------------------------------------------------------
