@@ -80,6 +80,23 @@ def timeout_kind(exc: BaseException) -> str | None:
     return None
 
 
+def prepared_statement_clash(exc: BaseException) -> ConfigError | None:
+    """A prepared statement that another client's session already holds, or that the
+    session a statement landed on does not hold: what server-side prepared statements do
+    through a transaction-mode pooler that does not track them (PgBouncer < 1.21, or
+    max_prepared_statements = 0), where consecutive transactions of one client share
+    server sessions with other clients. A configuration error, not a lost connection:
+    the one line says what to set. None for any other error."""
+    errors = psycopg.errors
+    if not isinstance(exc, errors.DuplicatePreparedStatement | errors.InvalidSqlStatementName):
+        return None
+    return ConfigError(
+        f"{type(exc).__name__}: {_one_line(exc)}: server-side prepared statements clash "
+        "through a transaction-mode pooler that does not track them (PgBouncer < 1.21, or "
+        "max_prepared_statements = 0): set DRAINER_PREPARED_STATEMENTS=false "
+        "(--no-prepared-statements), or max_prepared_statements > 0 on PgBouncer >= 1.21")
+
+
 def load_queries() -> dict[str, str]:
     """The statements of ``sql/queries.sql`` by name (text with ``{identifier}`` holes)."""
     text = resources.files("drainer").joinpath("sql/queries.sql").read_text("utf-8")

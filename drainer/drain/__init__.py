@@ -137,6 +137,9 @@ def run_once(
                     tracing.close()  # a drain-and-exit process: flush before it exits
         except Exception as exc:
             if watchdog is None or not watchdog.fired:
+                clash = db.prepared_statement_clash(exc)
+                if clash is not None:  # every entry point: exit 2, say what to set
+                    raise clash from None
                 raise
             # the watchdog cut the connections: what the run did is in the report
             report.stopped_by = report.stopped_by or MAX_RUNTIME
