@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import io
 import json
@@ -37,9 +38,15 @@ REQUEST_TIMEOUT_S = 15.0
 #: Seconds a client has to send the request line and all its headers, in total: a client
 #: that trickles a byte at a time (slowloris) is cut off here, not after 15 s a byte.
 HEADER_DEADLINE_S = 10.0
-#: Connections served at once (one thread each); more are answered 503 and closed at
-#: once, without a thread, so slow or idle connections cannot pile up threads.
+#: Connections served at once (one thread each). At the cap, a new connection takes the
+#: place of the one that has waited longest for its request headers (a slow or idle
+#: client: a flood of them cannot lock out health checks and triggers); when every open
+#: connection has its headers in (requests being answered), it is answered 503 and closed
+#: at once, without a thread, so slow or idle connections cannot pile up threads.
 MAX_CONNECTIONS = 64
+#: Seconds the accepting thread waits for an evicted connection's thread to end and free
+#: its slot (it ends at once: its socket is shut down under its read).
+EVICT_WAIT_S = 1.0
 #: Shortest DRAINER_TRIGGER_TOKEN serve and schedule --listen accept.
 MIN_TOKEN_LENGTH = 16
 #: Port when neither --port nor $PORT is given (Cloud Run's default).
@@ -213,6 +220,19 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\
          b'{"error": "too many open connections"}\n')
 
 
+class _Conn:
+    """One open connection's state, shared by its handler thread and the accepting thread:
+    since when it waits for a request's headers (None: its headers are in), and whether
+    the accepting thread evicted it to make room."""
+
+    __slots__ = ("awaiting_since", "evicted", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.awaiting_since: float | None = time.monotonic()
+        self.evicted = False
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -227,12 +247,45 @@ class _Server(ThreadingHTTPServer):
         self.expected = None if token is None else f"Bearer {token}".encode()
         self.max_connections = max_connections or MAX_CONNECTIONS
         self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._conns: dict[Any, _Conn] = {}
+        self._conns_lock = threading.Lock()
         self.refused = 0
+        self.evicted = 0
+
+    def conn(self, request: Any) -> _Conn:
+        """The state of an open connection (registered when it was accepted)."""
+        with self._conns_lock:
+            return self._conns[request]
+
+    def awaiting_headers(self, conn: _Conn, waiting: bool) -> None:
+        with self._conns_lock:
+            conn.awaiting_since = time.monotonic() if waiting else None
+
+    def _evict_oldest_awaiting(self) -> bool:
+        """Shut down the connection waiting longest for its request headers; False when
+        every open connection has its headers in."""
+        with self._conns_lock:
+            waiting = [c for c in self._conns.values()
+                       if c.awaiting_since is not None and not c.evicted]
+            if not waiting:
+                return False
+            oldest = min(waiting, key=lambda c: c.awaiting_since or 0.0)
+            oldest.evicted = True
+        self.evicted += 1
+        with contextlib.suppress(OSError):
+            # it has written nothing since its last response: say why, then its read
+            # returns at once and its thread ends
+            oldest.sock.send(_BUSY, getattr(socket, "MSG_DONTWAIT", 0))
+        with contextlib.suppress(OSError):
+            oldest.sock.shutdown(socket.SHUT_RDWR)
+        return True
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """A thread for the connection while fewer than ``max_connections`` are open;
-        else 503 and close, from the accepting thread (no thread started)."""
-        if not self._slots.acquire(blocking=False):
+        """A thread for the connection while fewer than ``max_connections`` are open; at
+        the cap, the slot of the connection waiting longest for its headers; else 503 and
+        close, from the accepting thread (no thread started)."""
+        if not self._slots.acquire(blocking=False) and not (
+                self._evict_oldest_awaiting() and self._slots.acquire(timeout=EVICT_WAIT_S)):
             self.refused += 1
             try:
                 request.setblocking(False)
@@ -241,31 +294,41 @@ class _Server(ThreadingHTTPServer):
                 pass
             self.shutdown_request(request)
             return
+        with self._conns_lock:
+            self._conns[request] = _Conn(request)
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._forget(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._forget(request)
+
+    def _forget(self, request: Any) -> None:
+        with self._conns_lock:
+            self._conns.pop(request, None)
+        self._slots.release()
 
 
 class _DeadlineReader(io.RawIOBase):
     """The socket's reads, each bounded by what is left until ``deadline`` (monotonic):
     a total limit on the request line and headers, however slowly they trickle in."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, conn: _Conn) -> None:
         self.sock = sock
+        self.conn = conn
         self.deadline: float | None = None
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
+        if self.conn.evicted:
+            raise TimeoutError("evicted: the connection cap was reached")
         if self.deadline is not None:
             left = self.deadline - time.monotonic()
             if left <= 0:
@@ -273,7 +336,10 @@ class _DeadlineReader(io.RawIOBase):
             self.sock.settimeout(min(left, REQUEST_TIMEOUT_S))
         else:
             self.sock.settimeout(REQUEST_TIMEOUT_S)
-        return self.sock.recv_into(buffer)
+        n = self.sock.recv_into(buffer)
+        if self.conn.evicted:  # shut down under this read: not the client's end of stream
+            raise TimeoutError("evicted: the connection cap was reached")
+        return n
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -287,13 +353,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self._reader = _DeadlineReader(self.connection)
+        self._conn = self.server.conn(self.request)
+        self._reader = _DeadlineReader(self.connection, self._conn)
         self.rfile = io.BufferedReader(self._reader)
 
     def handle_one_request(self) -> None:
         # the request line and headers of each request (also the next one on a kept-alive
-        # connection) within HEADER_DEADLINE_S in total; a body gets the per-read timeout
+        # connection) within HEADER_DEADLINE_S in total; a body gets the per-read timeout.
+        # Until they are in, the connection may be evicted at the connection cap.
         self._reader.deadline = time.monotonic() + HEADER_DEADLINE_S
+        self.server.awaiting_headers(self._conn, True)
         try:
             super().handle_one_request()
         except TimeoutError:
@@ -302,6 +371,7 @@ class _Handler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         ok = super().parse_request()
         self._reader.deadline = None  # the headers are in
+        self.server.awaiting_headers(self._conn, False)
         return ok
 
     # -- responses --------------------------------------------------------------------------------
