@@ -1,11 +1,11 @@
 """``python -m bench.awake``: how long each way of waiting keeps a suspendable compute awake.
 
 A sampler of pg_stat_activity every 0.5 s (drainer audit's :func:`sample_activity` and
-:func:`judge`, the article's rules) watches one database for a window while a fixed
-workload runs: burst A of triggered jobs, a plain-SQL insert with no trigger, burst B of
-triggered jobs, each from a short-lived producer (connect, one transaction, commit, fire
-the trigger, close). The same workload runs for each contender, each in a database of its
-own (``<database>_<contender>``), so nothing else on the server counts:
+:func:`judge`, the rules of 'Postgres as a job queue') watches one database for a window
+while a fixed workload runs: burst A of triggered jobs, a plain-SQL insert with no
+trigger, burst B of triggered jobs, each from a short-lived producer (connect, one
+transaction, commit, fire the trigger, close). The same workload runs for each contender,
+each in a database of its own (``<database>_<contender>``), so nothing else on the server counts:
 
 - ``floor``: the producers alone, nothing draining (the least any drainer can cost);
 - ``always``: ``drainer schedule --interval 3 x idle`` (today's behaviour, no trigger);

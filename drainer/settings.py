@@ -30,7 +30,7 @@ from drainer.errors import ConfigError
 PLATFORM_IDLE_TIMEOUTS: dict[str, float] = {
     "neon": 300.0,  # Neon: 5 minutes by default
     "aurora": 300.0,  # Aurora Serverless v2 at 0 ACU: SecondsUntilAutoPause default
-    "relyt": 600.0,  # the Japanese article's platform: about 10 minutes
+    "relyt": 600.0,  # Relyt One, the platform of 'Postgres as a job queue': ~10 min
     "supabase": 300.0,  # branches / self-hosted scale-to-zero: set --idle-timeout to yours
     "always-on": 0.0,  # a compute that never suspends
 }
