@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from drainer import serve
+from drainer import _http, serve
 from drainer.serve import HttpHost, make_server
 
 
 def _server(monkeypatch: pytest.MonkeyPatch, deadline: float) -> Any:
-    monkeypatch.setattr(serve, "HEADER_DEADLINE_S", deadline)
+    monkeypatch.setattr(_http, "HEADER_DEADLINE_S", deadline)  # the HTTP side reads it
     return make_server(SimpleNamespace(), "127.0.0.1", 0, token="a-token-of-16-chars-or-more",
                        drain=lambda stop: {"claimed": 0})  # type: ignore[arg-type]
 
@@ -136,7 +136,7 @@ def test_a_connection_beyond_the_cap_gets_503_at_once(monkeypatch: pytest.Monkey
                                                       ) -> None:
     """Every slot held by a connection whose headers are in (a request being answered:
     here a POST /drain whose body never comes): nothing to evict, 503."""
-    monkeypatch.setattr(serve, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(_http, "MAX_CONNECTIONS", 2)
     server = _server(monkeypatch, deadline=5.0)
     assert server.max_connections == 2
     with HttpHost(server, name="test-serve-cap") as http:
