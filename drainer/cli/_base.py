@@ -81,7 +81,13 @@ def _is_duration(field: FieldInfo) -> bool:
     """A ``Seconds`` field (it parses 30s, 15m, 7d): shown as a duration in the help."""
     from drainer.settings import parse_duration
 
-    return any(getattr(m, "func", None) is parse_duration for m in field.metadata)
+    if any(getattr(m, "func", None) is parse_duration for m in field.metadata):
+        return True
+    # ``Seconds | None`` (--max-runtime, --job-timeout): the validator is inside the union
+    annotation: Any = field.annotation
+    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else ()
+    return any(getattr(m, "func", None) is parse_duration
+               for a in args for m in getattr(a, "__metadata__", ()))
 
 
 def choices_of(field: FieldInfo) -> tuple[str, ...]:

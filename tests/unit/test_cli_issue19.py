@@ -74,6 +74,9 @@ def test_help_shows_durations_in_the_units_users_think_in() -> None:
     assert "604800" not in text and "[default: 7d]" in text  # --archive-after
     assert "[default: 30d]" in text and "[default: 5m]" in text  # --failed-retention, --lease
     assert "--archive-after DURATION" in text
+    # optional durations too (the README's cron line passes --max-runtime 10m)
+    assert "--max-runtime DURATION" in text and "--job-timeout DURATION" in text
+    assert "--idle-timeout DURATION" in _help("schedule")
     assert "[default: True]" not in text and "[default: on]" in text
 
 
