@@ -478,7 +478,19 @@ def load_app(module: str) -> None:
         where = _where_it_failed(exc)
         raise ConfigError(
             f"cannot import app module {module!r}: {where}{type(exc).__name__}: {detail}"
+            f"{_module_hint(module, exc)}"
         ) from None
+
+
+def _module_hint(module: str, exc: Exception) -> str:
+    """A file path given where a module name goes (``--app tasks.py``): say so."""
+    if not (module.endswith(".py") or "/" in module or "\\" in module):
+        return ""
+    if isinstance(exc, ModuleNotFoundError) and exc.name and not module.startswith(exc.name):
+        return ""  # a dependency of the app is missing, not the app itself
+    parts = module.removesuffix(".py").replace("\\", "/").split("/")
+    name = ".".join(p for p in parts if p not in ("", ".", ".."))
+    return f" (--app takes a module name, as `python -m` does: {name!r}, not a file path)"
 
 
 def _where_it_failed(exc: BaseException) -> str:

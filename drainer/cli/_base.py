@@ -101,7 +101,7 @@ def choices_of(field: FieldInfo) -> tuple[str, ...]:
     return ()
 
 
-def _any_case(flag: str, choices: Sequence[str]) -> Callable[[str], str]:
+def any_case(flag: str, choices: Sequence[str]) -> Callable[[str], str]:
     """argparse ``type=``: a choice in any case (``--log-level debug``) as it is spelled."""
     by_lower = {c.lower(): c for c in choices}
 
@@ -169,7 +169,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, scopes: Sequence[str]) -
                                default=argparse.SUPPRESS, metavar="QUEUE", help=help_text)
         elif choices:
             group.add_argument(flag_of(name), dest=name, default=argparse.SUPPRESS,
-                               type=_any_case(flag_of(name), choices),
+                               type=any_case(flag_of(name), choices),
                                metavar="{" + ",".join(choices) + "}", help=help_text)
         else:
             # durations as DURATION (seconds, or 30s, 15m, 12h, 7d)

@@ -9,7 +9,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from drainer.cli._base import add_command
+from drainer.cli._base import add_command, any_case
 from drainer.cli._output import (
     JSON_HELP,
     emit,
@@ -231,7 +231,8 @@ def configure_jobs(sub: Any) -> None:
     p.add_argument("--queue", dest="job_queue", metavar="QUEUE", action="append",
                    help="Only jobs of these queues (repeat the flag or separate with commas, "
                    "as run-once's --queue).")
-    p.add_argument("--status", choices=STATUSES, help="Only jobs with this status.")
+    p.add_argument("--status", choices=STATUSES, type=any_case("--status", STATUSES),
+                   help="Only jobs with this status.")
     p.add_argument("--run", dest="run_id", metavar="RUN_ID",
                    help="Only jobs that this run (the run_id of its report) claimed last.")
     p.add_argument("--limit", type=positive_int, default=DEFAULT_LIST_LIMIT, metavar="N",
@@ -340,6 +341,7 @@ def configure_purge(sub: Any) -> None:
                         "DRAINER_ARCHIVE_BATCH_SIZE rows a statement. Queued and running "
                         "jobs are never purged. Prints the count."))
     p.add_argument("--status", required=True, choices=PURGEABLE,
+                   type=any_case("--status", PURGEABLE),
                    help="Which finished jobs: done, or failed (the dead-letter queue).")
     p.add_argument("--older-than", required=True, metavar="AGE",
                    help="Only jobs finished longer ago than this: seconds or 30s, 15m, "

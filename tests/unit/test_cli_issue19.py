@@ -54,6 +54,20 @@ def test_log_level_in_any_case() -> None:
     assert args.log_format == "json"
 
 
+def test_a_status_in_any_case() -> None:
+    """``jobs --status DONE`` as ``--log-level debug``: the choices of every command."""
+    assert build_parser().parse_args(["jobs", "--status", "DONE"]).status == "done"
+    args = build_parser().parse_args(["purge", "--status", "Failed", "--older-than", "7d"])
+    assert args.status == "failed"
+
+
+def test_a_wrong_status_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["purge", "--status", "queued", "--older-than", "7d"])
+    assert exit_.value.code == 2
+    assert "choose from done, failed" in capsys.readouterr().err
+
+
 def test_a_wrong_choice_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["status", "--log-level", "loud"])
@@ -223,6 +237,38 @@ def test_an_app_that_fails_to_import_shows_file_and_line(
     text = str(err.value)
     assert text.startswith(f"cannot import app module {name!r}: {name}.py:{line}: {kind}: ")
     assert "\n" not in text
+
+
+@pytest.mark.parametrize(("given", "hint"), [
+    ("cli19_tasks.py", "'cli19_tasks'"), ("./cli19_tasks.py", "'cli19_tasks'"),
+    ("pkg19/cli19_jobs.py", "'pkg19.cli19_jobs'"),
+])
+def test_a_file_path_for_app_says_to_name_the_module(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, hint: str) -> None:
+    from drainer.errors import ConfigError
+    from drainer.registry import load_app
+
+    (tmp_path / "cli19_tasks.py").write_text("")
+    (tmp_path / "pkg19").mkdir()
+    (tmp_path / "pkg19" / "cli19_jobs.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_app(given)
+    assert str(err.value).endswith(
+        f"(--app takes a module name, as `python -m` does: {hint}, not a file path)")
+
+
+def test_a_missing_dependency_of_the_app_gets_no_file_path_hint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from drainer.errors import ConfigError
+    from drainer.registry import load_app
+
+    (tmp_path / "cli19_deps.py").write_text("import no_such_dependency_cli19_b\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        load_app("cli19_deps")
+    assert "no_such_dependency_cli19_b" in str(err.value)
+    assert "not a file path" not in str(err.value)
 
 
 def test_the_log_level_variable_takes_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
