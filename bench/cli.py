@@ -264,10 +264,14 @@ def section_enqueue(ctx: Ctx) -> list[str]:
     fresh_schema(db, "b_enqueue")
     table = jobs_table("b_enqueue")
     payloads = [{"n": i} for i in range(n)]
-    walls: dict[str, list[float]] = {"enqueue_many": [], "one raw COPY": []}
+    walls: dict[str, list[float]] = {"enqueue_many": [], "enqueue_many (generator)": [],
+                                     "one raw COPY": []}
 
     def many(conn: psycopg.Connection[Any]) -> None:
         enqueue_many(conn, [JobSpec("bench", p) for p in payloads], schema="b_enqueue")
+
+    def many_gen(conn: psycopg.Connection[Any]) -> None:
+        enqueue_many(conn, (JobSpec("bench", p) for p in payloads), schema="b_enqueue")
 
     def raw(conn: psycopg.Connection[Any]) -> None:
         with conn.transaction(), conn.cursor().copy(
@@ -276,9 +280,9 @@ def section_enqueue(ctx: Ctx) -> list[str]:
                 copy.write_row(("bench", json.dumps(p)))
 
     runs: list[tuple[str, Callable[[psycopg.Connection[Any]], None]]] = [
-        ("enqueue_many", many), ("one raw COPY", raw)]
+        ("enqueue_many", many), ("enqueue_many (generator)", many_gen), ("one raw COPY", raw)]
     for rnd in range(ctx.repeat):
-        k = rnd % 2
+        k = rnd % len(runs)
         for name, fn in runs[k:] + runs[:k]:
             with psycopg.connect(db, autocommit=True) as conn:
                 conn.execute(sql.SQL("TRUNCATE {}").format(table))
