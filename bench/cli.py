@@ -531,15 +531,19 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Ctx(args)
     started = datetime.now(timezone.utc)
     shown_args = argv if argv is not None else sys.argv[1:]
+    load_start = list(os.getloadavg())
+    pg_version = _server_version(ctx.server)
+    peers = peer_versions() if args.peers else None
     out = ["## drainer benchmarks", "",
            f"- command: `python3 dev.py bench {' '.join(shown_args)}`",
            f"- date: {started:%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
            f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
-           f"PostgreSQL {_server_version(ctx.server)}, psycopg {psycopg.__version__}",
-           f"- load average at start: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"]
-    if args.peers:
-        out.append(f"- peers: {peer_versions()}")
+           f"PostgreSQL {pg_version}, psycopg {psycopg.__version__}",
+           f"- load average at start: {', '.join(f'{x:.2f}' for x in load_start)}"]
+    if peers is not None:
+        out.append(f"- peers: {peers}")
     out.append("")
+    tables: dict[str, str] = {}
     fns: dict[str, Callable[[Ctx], list[str]]] = {
         "drain": section_drain, "multi": section_multi, "cold": section_cold,
         "enqueue": section_enqueue, "history": section_history, "batch": section_batch,
@@ -548,7 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in sections:
         log(f"section {name}")
-        out += fns[name](ctx)
+        lines = fns[name](ctx)
+        tables[name] = "\n".join(lines)
+        out += lines
         out.append("")
     out.append(f"- load average at end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     text = "\n".join(out)
@@ -558,9 +564,17 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"command": f"python3 dev.py bench {' '.join(shown_args)}",
                 "date": f"{started:%Y-%m-%d %H:%M} UTC", "rtt_ms": ctx.rtts,
                 "cpus": os.cpu_count(), "python": platform.python_version(),
-                "load_average_end": list(os.getloadavg())}
+                "load_average_end": list(os.getloadavg()),
+                "load_average_start": load_start, "machine": platform.machine(),
+                "postgresql": pg_version, "psycopg": psycopg.__version__, "peers": peers,
+                "sections": sections,
+                "sizes": {"jobs": args.jobs, "repeat": args.repeat,
+                          "enqueue_jobs": args.enqueue_jobs, "history": args.history,
+                          "batch_jobs": args.batch_jobs, "long_jobs": args.long_jobs,
+                          "io_jobs": args.io_jobs, "io_sleep_s": args.io_sleep}}
+        # tables: each section's markdown as printed, for bench.plots to put in the docs
         args.output.with_suffix(".json").write_text(
-            json.dumps({"meta": meta, **ctx.results}, indent=1) + "\n")
+            json.dumps({"meta": meta, **ctx.results, "tables": tables}, indent=1) + "\n")
     return 0
 
 
