@@ -172,6 +172,9 @@ class Chart:
         for g in self.groups:
             gy = y
             ref_w = g.ref[0] * scale if g.ref and g.ref[0] == g.ref[0] else 0.0
+            if ref_w:  # the reference as a pale band under the bars: what is missing
+                out.append(f'<rect x="{label_w}" y="{gy}" width="{ref_w:.1f}" '
+                           f'height="{len(g.bars) * bar_h}" fill="{GRID}"/>')
             out.append(f'<text x="{label_w - 8}" y="{y + bar_h - 3}" text-anchor="end" '
                        f'font-weight="600" fill="{INK}">{_x(_clip(g.label))}'
                        f"<title>{_x(g.label)}</title></text>")
