@@ -295,7 +295,10 @@ def section_enqueue(ctx: Ctx) -> list[str]:
     series = {k: Series(k, [n / w for w in v]) for k, v in walls.items()}
     ctx.results["enqueue"] = {k: v.values for k, v in series.items()}
     return [f"### Enqueue {n:,} jobs in one transaction (from Python objects to commit)", "",
-            *rate_table(series, "one raw COPY", "raw COPY")]
+            *rate_table(series, "one raw COPY", "raw COPY"), "",
+            "enqueue_many: a list of JobSpec, built before the call; (generator): the same "
+            "JobSpecs from a generator expression, read while the COPY runs (autocommit "
+            "connection); one raw COPY: write_row of (queue, json.dumps(payload))."]
 
 
 # -- history, batch sizes, long drains ------------------------------------------------------------
