@@ -1,0 +1,222 @@
+"""Per-queue limits (issue 17): where max_running and rate_limit come from (operator row,
+setting, task: in that order), the rate limit's window on a real PostgreSQL, and the
+next slot as the queue's due time (the drain exits; the report says when)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from drainer import Job, run_once
+from drainer.db import Queries
+from drainer.errors import ConfigError
+from drainer.ops import limit
+from drainer.producer import JobSpec, enqueue_many
+from drainer.queue_limits import Rate
+from drainer.registry import Registry
+from drainer.settings import Settings
+from drainer.status import collect_status, render_status
+from tests.conftest import make_settings
+
+
+def control(s: Settings) -> sql.Identifier:
+    return sql.Identifier(s.schema_name, f"{s.table}_queues")
+
+
+def enqueue_n(conn: psycopg.Connection[Any], s: Settings, queue: str, n: int) -> None:
+    enqueue_many(conn, [JobSpec(queue, {"n": i}) for i in range(n)], schema=s.schema_name)
+
+
+def queries(s: Settings, conn: psycopg.Connection[Any]) -> Queries:
+    return Queries(conn, s.schema_name, s.table)
+
+
+# -- precedence: operator, then setting, then task ------------------------------------------------
+
+
+def test_limits_come_from_operator_then_setting_then_task(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any]) -> None:
+    @registry.task("a", max_running=5, rate_limit="100/m")
+    def a(job: Job) -> None:
+        pass
+
+    @registry.task("b", max_running=5)
+    def b(job: Job) -> None:
+        pass
+
+    report = run_once(migrated, registry=registry)
+    assert report.limits == {
+        "a": {"max_running": 5, "max_running_from": "task", "rate_limit": "100/m",
+              "rate_limit_from": "task"},
+        "b": {"max_running": 5, "max_running_from": "task", "rate_limit": None,
+              "rate_limit_from": None}}
+    s = migrated.model_copy(update={"max_running": ["a=2", "b=3"], "rate_limit": ["b=7/s"]})
+    report = run_once(s, registry=registry)
+    assert report.limits["a"]["max_running"] == 2
+    assert report.limits["a"]["max_running_from"] == "setting"
+    assert (report.limits["a"]["rate_limit"], report.limits["a"]["rate_limit_from"]) == \
+        ("100/m", "task")
+    assert report.limits["b"] == {"max_running": 3, "max_running_from": "setting",
+                                  "rate_limit": "7/s", "rate_limit_from": "setting"}
+    # the operator's row wins over both, limit by limit
+    limit(migrated, ["a"], max_running=1)
+    limit(migrated, ["b"], rate="1/h")
+    report = run_once(s, registry=registry)
+    assert report.limits["a"] == {"max_running": 1, "max_running_from": "operator",
+                                  "rate_limit": "100/m", "rate_limit_from": "task"}
+    assert report.limits["b"] == {"max_running": 3, "max_running_from": "setting",
+                                  "rate_limit": "1/h", "rate_limit_from": "operator"}
+    # cleared: the setting's applies again
+    limit(migrated, ["a"], clear_max_running=True)
+    limit(migrated, ["b"], clear_rate=True)
+    report = run_once(s, registry=registry)
+    assert report.limits["a"]["max_running_from"] == "setting"
+    assert report.limits["b"]["rate_limit_from"] == "setting"
+
+
+def test_operator_max_running_caps_the_claim(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any]) -> None:
+    started: list[int] = []
+
+    @registry.task("cap")
+    def cap(job: Job) -> None:
+        started.append(job.id)
+
+    enqueue_n(conn, migrated, "cap", 6)
+    limit(migrated, ["cap"], max_running=2)
+    # a concurrency-8 drain would claim all 6 at once; the operator's cap takes 2 a claim
+    s = migrated.model_copy(update={"concurrency": 8, "batch_size": 8})
+    q = queries(s, conn)
+    rows = q.claim_batch_capped("cap", 8, 60, 2)
+    assert len(rows) == 2
+    q.release_many([r.id for r in rows], [r.fence or 0 for r in rows])
+    report = run_once(s, registry=registry)
+    assert report.succeeded == 6 and report.limits["cap"]["max_running"] == 2
+
+
+def test_setting_naming_an_unknown_or_transaction_queue_is_a_config_error(
+        migrated: Settings, registry: Registry) -> None:
+    @registry.task("known")
+    def known(job: Job) -> None:
+        pass
+
+    @registry.task("tx", transaction=True)
+    def tx(job: Job, conn: Any = None) -> None:
+        pass
+
+    with pytest.raises(ConfigError, match="'knwon' with no handler"):
+        run_once(migrated.model_copy(update={"max_running": ["knwon=2"]}), registry=registry)
+    with pytest.raises(ConfigError, match="transaction=True"):
+        run_once(migrated.model_copy(update={"rate_limit": ["tx=1/s"]}), registry=registry)
+
+
+def test_bad_setting_values_are_refused(pg_url: str, schema: str) -> None:
+    for kw, match in (({"max_running": "a=0"}, "at least 1"),
+                      ({"max_running": "a"}, "QUEUE=VALUE"),
+                      ({"rate_limit": "a=10/fortnight"}, "not a rate limit"),
+                      ({"rate_limit": "a=0/s"}, "count must be")):
+        with pytest.raises(ConfigError, match=match):
+            make_settings(pg_url, schema, **kw)
+    s = make_settings(pg_url, schema, max_running="a=3, b=1", rate_limit=["c=10/m,d=5/30s"])
+    assert s.max_running == ["a=3", "b=1"] and s.rate_limit == ["c=10/m", "d=5/30s"]
+
+
+# -- the rate limit's window ---------------------------------------------------------------------
+
+
+def test_rate_window_claims_at_most_count_and_says_when_the_next_slot_opens(
+        migrated: Settings, conn: psycopg.Connection[Any]) -> None:
+    enqueue_n(conn, migrated, "r", 10)
+    q = queries(migrated, conn)
+    rate = Rate(3, 60.0)
+    rows, next_at, limited = q.claim_batch_rated("r", 2, 60, None, rate)
+    assert (len(rows), next_at, limited) == (2, None, 0)  # room left: no next slot
+    rows2, next_at, limited = q.claim_batch_rated("r", 5, 60, None, rate)
+    assert len(rows2) == 1 and limited == 7  # 1 slot left: the 7 other due jobs wait
+    assert next_at is not None
+    # the window is full until the first claim (of 2) is a period old
+    first = conn.execute(sql.SQL("SELECT rate_at[1], rate_n FROM {} WHERE queue = 'r'")
+                         .format(control(migrated))).fetchone()
+    assert first is not None and first[1] == [2, 1]
+    assert next_at == first[0] + timedelta(seconds=60)
+    rows3, next_at3, limited3 = q.claim_batch_rated("r", 5, 60, None, rate)
+    assert (rows3, next_at3, limited3) == ([], next_at, 7)
+    # the queue's due jobs count as due at the next slot: nothing due now, next due then
+    remaining, next_due = q.queue_summary(["r"])
+    assert (remaining, next_due) == (0, next_at)
+
+
+def test_rate_window_slides(migrated: Settings, conn: psycopg.Connection[Any]) -> None:
+    enqueue_n(conn, migrated, "r", 10)
+    q = queries(migrated, conn)
+    rate = Rate(2, 0.4)
+    got = [len(q.claim_batch_rated("r", 5, 60, None, rate)[0]) for _ in range(3)]
+    assert got == [2, 0, 0]
+    time.sleep(0.45)
+    assert len(q.claim_batch_rated("r", 5, 60, None, rate)[0]) == 2
+    # the entries that left the window are dropped from the row
+    n = conn.execute(sql.SQL("SELECT rate_n FROM {} WHERE queue = 'r'")
+                     .format(control(migrated))).fetchone()
+    assert n == ([2],)
+
+
+def test_rate_and_max_running_together(migrated: Settings,
+                                       conn: psycopg.Connection[Any]) -> None:
+    enqueue_n(conn, migrated, "r", 10)
+    q = queries(migrated, conn)
+    rows, _, limited = q.claim_batch_rated("r", 5, 60, 2, Rate(100, 60))
+    assert len(rows) == 2 and limited == 0  # the cap, not the rate
+    rows, _, limited = q.claim_batch_rated("r", 5, 60, 2, Rate(100, 60))
+    assert rows == [] and limited == 0
+
+
+def test_rate_limited_drain_exits_and_reports_the_next_slot(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any]) -> None:
+    started: list[float] = []
+
+    @registry.task("api", rate_limit="3/h")
+    def api(job: Job) -> None:
+        started.append(time.monotonic())
+
+    enqueue_n(conn, migrated, "api", 5)
+    t0 = time.monotonic()
+    report = run_once(migrated, registry=registry)
+    assert time.monotonic() - t0 < 5  # it did not wait for the next slot
+    assert (report.claimed, report.succeeded, report.rate_limited) == (3, 3, 2)
+    assert report.remaining_due == 0  # the 2 left are due at the next slot, not now
+    assert report.next_due_at is not None
+    slot = datetime.fromisoformat(report.next_due_at)
+    assert timedelta(minutes=59) < slot - datetime.now(timezone.utc) <= timedelta(hours=1)
+    # the jobs themselves are untouched: queued, due, in their order
+    rows = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'queued' AND "
+                                "run_at <= now()").format(
+        sql.Identifier(migrated.schema_name, migrated.table))).fetchone()
+    assert rows == (2,)
+    # status: the limit and the next slot
+    st = collect_status(migrated)
+    assert st["queue_limits"][0]["queue"] == "api"
+    assert st["queue_limits"][0]["rate_next_at"] is not None
+    # an operator raising the rate opens the window at once (the old next slot is dropped)
+    limit(migrated, ["api"], rate="10/h")
+    report = run_once(migrated, registry=registry)
+    assert (report.succeeded, report.rate_limited) == (2, 0)
+    assert report.limits["api"]["rate_limit_from"] == "operator"
+    assert "api" in render_status(collect_status(migrated))
+
+
+def test_rate_slot_within_retry_linger_is_waited_for(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any]) -> None:
+    @registry.task("api", rate_limit="2/0.5s")
+    def api(job: Job) -> None:
+        pass
+
+    enqueue_n(conn, migrated, "api", 5)
+    s = migrated.model_copy(update={"retry_linger": 2.0})
+    report = run_once(s, registry=registry)
+    assert report.succeeded == 5 and report.rate_limited == 0
+    assert 0.7 < report.lingered_s < 2.5  # two slots waited for: about 2 x 0.5 s
