@@ -4,8 +4,12 @@ next slot as the queue's due time (the drain exits; the report says when)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,7 +25,7 @@ from drainer.queue_limits import Rate
 from drainer.registry import Registry
 from drainer.settings import Settings
 from drainer.status import collect_status, render_status
-from tests.conftest import make_settings
+from tests.conftest import ROOT, cli_env, make_settings
 
 
 def control(s: Settings) -> sql.Identifier:
@@ -220,3 +224,71 @@ def test_rate_slot_within_retry_linger_is_waited_for(
     report = run_once(s, registry=registry)
     assert report.succeeded == 5 and report.rate_limited == 0
     assert 0.7 < report.lingered_s < 2.5  # two slots waited for: about 2 x 0.5 s
+
+
+# -- several drainer processes -------------------------------------------------------------------
+
+#: One drainer process: run-once again and again, as a waker would, until nothing is queued.
+#: --retry-linger 1 lets a drain wait for its queue's next slot (0.5 s away at most) instead
+#: of exiting, so four processes keep contending for every slot of the window.
+RATED_LOOP = """
+import json, time
+from drainer import load_settings, run_once
+settings = load_settings()
+succeeded, until = 0, time.monotonic() + 60
+while time.monotonic() < until:
+    report = run_once(settings)
+    succeeded += report.succeeded
+    if not report.claimed and not report.remaining_due and report.next_due_at is None:
+        break
+print(json.dumps({"succeeded": succeeded}))
+"""
+
+
+def busiest_window(starts: list[float], period: float) -> int:
+    """The most starts in any window [t, t + period) of the sorted start times."""
+    most, j = 0, 0
+    for i, t in enumerate(starts):
+        while starts[j] <= t - period:
+            j += 1
+        most = max(most, i - j + 1)
+    return most
+
+
+def test_busiest_window_counts_a_sliding_window() -> None:
+    assert busiest_window([0.0, 0.1, 0.2, 1.0, 1.05], 0.5) == 3
+    assert busiest_window([0.0, 0.4, 0.5, 0.9], 0.5) == 2
+    assert busiest_window([0.0, 0.4, 0.49, 0.5], 0.5) == 3
+
+
+@pytest.mark.slow
+def test_rate_limit_holds_across_four_drainer_processes(
+        migrated: Settings, pg_url: str, conn: psycopg.Connection[Any], tmp_path: Path) -> None:
+    """3 jobs per 0.5 s, 4 processes x concurrency 8: the handlers' own start log never
+    shows more than 3 starts in any window of 0.5 s less 50 ms (a handler starts a round
+    trip after the instant its claim logged; the window is on the claims' clock)."""
+    jobs, count, period, slack = 18, 3, 0.5, 0.05
+    enqueue_n(conn, migrated, "rated", jobs)
+    log = tmp_path / "handlers.log"
+    env = cli_env(pg_url, migrated.schema_name, RATED_LOG=str(log), DRAINER_APP="rated_jobs",
+                  RATED_LIMIT=f"{count}/{period}s")
+    env.update(DRAINER_CONCURRENCY="8", DRAINER_BATCH_SIZE="8", DRAINER_RETRY_LINGER="1")
+    procs = [subprocess.Popen([sys.executable, "-c", RATED_LOOP], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for _ in range(4)]
+    succeeded = 0
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        succeeded += json.loads(out)["succeeded"]
+    lines = [line.split() for line in log.read_text().splitlines()]
+    starts = sorted(float(t) for _kind, t, _pid, _job in lines)
+    assert succeeded == jobs == len(starts)
+    assert busiest_window(starts, period - slack) <= count, starts
+    assert busiest_window(starts, period - slack) == count  # the limit was reached
+    # 18 jobs at 3 a window: at least 5 windows between the first and the last start
+    assert starts[-1] - starts[0] >= (jobs // count - 1) * period - slack
+    assert len({pid for _k, _t, pid, _j in lines}) >= 2, "shared between processes"
+    cur = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'done'").format(
+        sql.Identifier(migrated.schema_name, migrated.table)))
+    assert cur.fetchone() == (jobs,)
