@@ -19,7 +19,7 @@ from psycopg import sql
 from drainer import Job, run_once
 from drainer.db import Queries
 from drainer.errors import ConfigError
-from drainer.ops import limit
+from drainer.ops import limit, render_limits
 from drainer.producer import JobSpec, enqueue_many
 from drainer.queue_limits import Rate
 from drainer.registry import Registry
@@ -292,3 +292,42 @@ def test_rate_limit_holds_across_four_drainer_processes(
     cur = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'done'").format(
         sql.Identifier(migrated.schema_name, migrated.table)))
     assert cur.fetchone() == (jobs,)
+
+
+# -- drainer limit ---------------------------------------------------------------------------------
+
+
+def test_limit_from_the_command_line(migrated: Settings, pg_url: str) -> None:
+    from tests.conftest import run_cli
+
+    def cli(*args: str) -> Any:
+        return run_cli(list(args), pg_url=pg_url, schema=migrated.schema_name)
+
+    out = cli("limit", "emails", "sms", "--max-running", "3", "--rate", "10/m", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"limits": [
+        {"queue": "emails", "max_running": 3, "rate_limit": "10/m"},
+        {"queue": "sms", "max_running": 3, "rate_limit": "10/m"}]}
+    assert "sms: max_running 3, rate -" in render_limits(
+        limit(migrated, ["sms"], clear_rate=True))
+    report = limit(migrated, ["emails"])  # no option: as they are
+    assert "emails: max_running 3, rate 10/m" in render_limits(report)
+    out = cli("status", "--json")
+    limits = {e["queue"]: e for e in json.loads(out.stdout)["queue_limits"]}
+    assert limits["emails"]["rate_limit"] == "10/m"
+    assert limits["emails"]["max_running_from"] == "operator"
+    assert "limits emails: max_running 3 (operator); rate 10/m (operator)" in \
+        render_status(collect_status(migrated))
+    limit(migrated, ["emails"], clear_max_running=True, clear_rate=True)
+    assert limit(migrated, ["emails"])["limits"] == [
+        {"queue": "emails", "max_running": None, "rate_limit": None}]
+    # bad input: one line, exit 2 (the library raises ConfigError with the same line)
+    out = cli("limit", "emails", "--rate", "ten/m")
+    assert out.returncode == 2 and "not a rate limit" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    for kw, message in (({"max_running": 0}, "at least 1"),
+                        ({"rate": "1/s", "clear_rate": True}, "not both")):
+        with pytest.raises(ConfigError, match=message):
+            limit(migrated, ["emails"], **kw)
+    with pytest.raises(ConfigError, match="at least one queue"):
+        limit(migrated, [])
