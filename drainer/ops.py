@@ -358,7 +358,8 @@ def render_job(job: dict[str, Any]) -> str:
     for key, value in job.items():
         if key in ("payload", "last_error", "result"):
             continue
-        lines.append(f"{key + ':':15s}{'-' if value is None else value}")
+        label = f"{key}:" if len(key) < 14 else f"{key}: "
+        lines.append(f"{label:15s}{'-' if value is None else value}")
     lines.append("payload:")
     lines.append(json.dumps(job["payload"], indent=2, ensure_ascii=False))
     if job.get("result") is not None:

@@ -839,12 +839,16 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: job_get
--- `drainer show`: one job, every column, the full last_error.
+-- `drainer show`: one job, every column, the full last_error; and, for a queued job of a
+-- rate-limited queue whose window is full, until when the rate holds it (the next slot).
 SELECT id, queue, status, payload, attempts, max_attempts, priority, run_at, locked_until,
        created_at, finished_at, dedup_key, last_error, result, run_id, fence, suspect,
        snoozes, snoozed_at,
-       (status = 'running' AND locked_until < now()) AS lease_expired
-FROM {jobs}
+       (status = 'running' AND locked_until < now()) AS lease_expired,
+       (SELECT c.rate_next_at FROM {control} c
+        WHERE c.queue = j.queue AND j.status = 'queued'
+          AND c.rate_next_at > greatest(j.run_at, now())) AS rate_limited_until
+FROM {jobs} j
 WHERE id = %(id)s;
 
 -- name: job_status_many

@@ -331,3 +331,18 @@ def test_limit_from_the_command_line(migrated: Settings, pg_url: str) -> None:
             limit(migrated, ["emails"], **kw)
     with pytest.raises(ConfigError, match="at least one queue"):
         limit(migrated, [])
+
+
+def test_show_says_until_when_the_rate_holds_a_queued_job(
+        migrated: Settings, conn: psycopg.Connection[Any]) -> None:
+    from drainer.ops import get_job, render_job
+
+    enqueue_n(conn, migrated, "r", 2)
+    q = queries(migrated, conn)
+    (claimed,), next_at, limited = q.claim_batch_rated("r", 2, 60, None, Rate(1, 3600))
+    assert limited == 1 and next_at is not None
+    waiting = get_job(migrated, claimed.id + 1)
+    assert waiting["status"] == "queued"
+    assert waiting["rate_limited_until"] == next_at.isoformat()
+    assert f"rate_limited_until: {next_at.isoformat()}" in render_job(waiting)
+    assert get_job(migrated, claimed.id)["rate_limited_until"] is None  # running
