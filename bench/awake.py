@@ -103,6 +103,8 @@ class Result:
     unseen_connections: int = 0
     retry_linger_s: float = 0.0
     lingered_s: float = 0.0
+    #: when each run report of the window was printed, seconds from the window's start
+    drain_at_s: list[float] = field(default_factory=list)
 
 
 #: Each contender's audit of its window, for --html.
@@ -278,7 +280,8 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
                           if se.application_name == "drainer"),
         unseen_connections=sum(u.connections for u in result.unseen_connections),
         retry_linger_s=retry_linger,
-        lingered_s=round(sum(w for t, w in lingered if start <= t <= end), 3))
+        lingered_s=round(sum(w for t, w in lingered if start <= t <= end), 3),
+        drain_at_s=[round(t - start, 1) for t in reports if start <= t <= end])
 
 
 def table(results: list[Result], idle: float, window: float) -> str:
@@ -304,13 +307,14 @@ def retry_table(results: list[Result]) -> str:
     """The retry workload: awake time and drains, from the sampled timeline."""
     out = ["| contender | retry_linger | awake s (sampled) | drains (run reports) | drain "
            "sessions seen by the sampler | connections between samples (counter) | "
-           "connected s | lingered s | jobs done |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "connected s | lingered s | jobs done | reports at (s into the window) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         out.append(f"| {r.contender} | {r.retry_linger_s:g} s | {r.awake_s:.1f} | "
                    f"{r.drains_in_window} | {r.sessions_seen} | {r.unseen_connections} | "
                    f"{sum(r.drain_s):.2f} | "
-                   f"{r.lingered_s:.2f} | {r.done}/{r.jobs} |")
+                   f"{r.lingered_s:.2f} | {r.done}/{r.jobs} | "
+                   f"{', '.join(f'{t:g}' for t in r.drain_at_s)} |")
     return "\n".join(out)
 
 
