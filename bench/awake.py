@@ -19,10 +19,12 @@ After the window, job latencies (``finished_at - created_at``) are read from the
 
 ``--workload retry`` measures ``--retry-linger``: one triggered burst of 20 jobs, 5 of which
 fail their first attempt with a short retry (``bench/retry_app.py``, ``--retry-wait``, 5 s by
-default), drained by ``known-work`` (retry_linger off: the retry is left to the next wake at
-the report's ``next_due_at``) and ``known-work-linger`` (the same with ``--retry-linger``:
-the drain waits for the retry on its open connection). The table's ``drains`` are the run
-reports printed in the window and the drainer sessions the sampler saw (``sessions seen``).
+default), drained by ``known-work`` (retry_linger off: the retry is left to the next wake,
+which the policy holds until the idle timeout after the last drain, to group wakes) and
+``known-work-linger`` (the same with ``--retry-linger``: the drain waits for the retry on its
+open connection). Their ``--max-sleep`` is 10 x window, so no safety-net drain falls in it.
+The table's ``drains`` are the run reports printed in the window and the drainer sessions
+the sampler saw (``sessions seen``).
 
 ``--workload recurring`` replaces the producers with a recurring definition
 (``bench/recurring_app.py``: ``* * * * *``, a no-op) and nothing else: with ``known-work``
@@ -105,6 +107,9 @@ class Result:
     lingered_s: float = 0.0
     #: when each run report of the window was printed, seconds from the window's start
     drain_at_s: list[float] = field(default_factory=list)
+    #: the sampled timeline: every instant the audit counted as activity, seconds from the
+    #: window's start (awake = these instants, each followed by the idle timeout)
+    activity_at_s: list[float] = field(default_factory=list)
 
 
 #: Each contender's audit of its window, for --html.
@@ -118,14 +123,23 @@ def free_port() -> int:
         return port
 
 
-def command_of(contender: str, idle: float, window: float, port: int) -> list[str] | None:
+def max_sleep_of(workload: str, window: float) -> float:
+    """known-work's --max-sleep: 0.6 x window; past the window (and its warm-up) for the
+    retry workload, so that no safety-net drain falls in the window: the drains counted are
+    those the burst and its retries cost."""
+    return 10 * window if workload == "retry" else 0.6 * window
+
+
+def command_of(contender: str, idle: float, window: float, port: int,
+               workload: str = "bursts") -> list[str] | None:
     if contender == "floor":
         return None
     if contender == "always":
         return ["schedule", "--interval", f"{3 * idle:g}"]
     if contender in ("known-work", "known-work-linger"):
         return ["schedule", "--wake-policy", "known-work", "--interval", f"{idle / 2:g}",
-                "--max-sleep", f"{0.6 * window:g}", "--listen", f"127.0.0.1:{port}"]
+                "--max-sleep", f"{max_sleep_of(workload, window):g}",
+                "--listen", f"127.0.0.1:{port}"]
     if contender == "worker":
         return ["worker"]
     raise ValueError(contender)
@@ -171,7 +185,7 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
     url = ensure_database(server, dbname)
     prepare(url, worker=contender == "worker")
     port = free_port()
-    args = command_of(contender, idle, window, port)
+    args = command_of(contender, idle, window, port, workload)
     env = {**{k: v for k, v in os.environ.items()
               if not k.startswith("DRAINER_") and k != "DATABASE_URL"},
            "DRAINER_DATABASE_URL": url, "DRAINER_SCHEMA": SCHEMA,
@@ -273,7 +287,8 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
         triggered_max_s=round(max(trig), 2) if trig else None,
         untriggered_max_s=round(max(untrig), 2) if untrig else None,
         drains_in_window=sum(1 for t in reports if start <= t <= end),
-        max_sleep_s=0.6 * window if contender == "known-work" else None, workload=workload,
+        max_sleep_s=max_sleep_of(workload, window) if contender.startswith("known-work")
+        else None, workload=workload,
         drain_s=[d for t, d in drains if start <= t <= end],
         occurrences_done=int(occurrences[0]) if occurrences else 0, notes=notes,
         sessions_seen=sum(1 for se in result.sessions
@@ -281,7 +296,9 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
         unseen_connections=sum(u.connections for u in result.unseen_connections),
         retry_linger_s=retry_linger,
         lingered_s=round(sum(w for t, w in lingered if start <= t <= end), 3),
-        drain_at_s=[round(t - start, 1) for t in reports if start <= t <= end])
+        drain_at_s=[round(t - start, 1) for t in reports if start <= t <= end],
+        activity_at_s=sorted({round(datetime.fromisoformat(a).timestamp() - start, 1)
+                              for a in result.activity_times}))
 
 
 def table(results: list[Result], idle: float, window: float) -> str:
