@@ -167,6 +167,9 @@ class Claims:
         # window next has room, and how many due jobs the claim left (the report's count)
         self.rate_next: dict[str, datetime] = {}
         self.rate_limited: dict[str, int] = {}
+        # the next slot each queue was claimed again for (once a slot: a clock running
+        # ahead of the database's never turns into a loop of empty claims)
+        self.rate_tried: dict[str, datetime] = {}
 
     # -- sizes and queues ---------------------------------------------------------------------
     def size(self, idx: int | None = None) -> int:
@@ -329,8 +332,12 @@ class Claims:
         return min((t for t in self.rate_next.values() if t > now), default=None)
 
     def rate_slot_open(self, now: datetime) -> bool:
-        """A rate-limited queue left due jobs and its window has room again: claim again."""
-        return any(t <= now for t in self.rate_next.values())
+        """A rate-limited queue left due jobs and its window has room again by now: claim
+        again (once for each next slot)."""
+        opened = {q: t for q, t in self.rate_next.items()
+                  if t <= now and self.rate_tried.get(q) != t}
+        self.rate_tried.update(opened)
+        return bool(opened)
 
     def _dry(self, idx: int) -> None:
         if self.due is not None:
