@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -85,22 +86,25 @@ def test_limits_come_from_operator_then_setting_then_task(
 
 def test_operator_max_running_caps_the_claim(
         migrated: Settings, registry: Registry, conn: psycopg.Connection[Any]) -> None:
-    started: list[int] = []
+    lock = threading.Lock()
+    running = [0, 0]  # now, most at once
 
-    @registry.task("cap")
+    @registry.task("cap", max_running=6)
     def cap(job: Job) -> None:
-        started.append(job.id)
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
 
-    enqueue_n(conn, migrated, "cap", 6)
+    enqueue_n(conn, migrated, "cap", 12)
     limit(migrated, ["cap"], max_running=2)
-    # a concurrency-8 drain would claim all 6 at once; the operator's cap takes 2 a claim
+    # a concurrency-8 drain would run 6 at once (the task's cap); the operator's caps it at 2
     s = migrated.model_copy(update={"concurrency": 8, "batch_size": 8})
-    q = queries(s, conn)
-    rows = q.claim_batch_capped("cap", 8, 60, 2)
-    assert len(rows) == 2
-    q.release_many([r.id for r in rows], [r.fence or 0 for r in rows])
     report = run_once(s, registry=registry)
-    assert report.succeeded == 6 and report.limits["cap"]["max_running"] == 2
+    assert report.succeeded == 12 and report.limits["cap"]["max_running"] == 2
+    assert running[1] == 2
 
 
 def test_setting_naming_an_unknown_or_transaction_queue_is_a_config_error(
