@@ -51,6 +51,10 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\
          b'{"error": "too many open connections"}\n')
 
 
+class Closed(Exception):
+    """The server is shutting down: no new drains."""
+
+
 class _Conn:
     """One open connection's state, shared by its handler thread and the accepting thread:
     since when it waits for a request's headers (None: its headers are in), and whether
@@ -264,9 +268,8 @@ class Handler(BaseHTTPRequestHandler):
                 return
             run = self.server.coalescer.get(path[len("/runs/"):])
             if run is None:
-                from drainer.serve import KEEP_RUNS
-
-                self._send(404, {"error": f"no such run (the last {KEEP_RUNS} are kept)"})
+                keep = self.server.coalescer.keep
+                self._send(404, {"error": f"no such run (the last {keep} are kept)"})
             else:
                 self._send(200 if run.finished.is_set() else 202, run.as_dict())
         elif path == "/drain":
@@ -287,8 +290,6 @@ class Handler(BaseHTTPRequestHandler):
             return
         if not self._read_body():
             return
-        from drainer.serve import Closed
-
         try:
             run, joined = self.server.coalescer.request()
         except Closed:

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, overload
 
 from drainer.errors import ConfigError
+from drainer.queue_limits import Rate, parse_rate
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine, Iterable
@@ -313,6 +314,8 @@ class Task:
     retry_on: tuple[type[BaseException], ...] | None = None
     discard_on: tuple[type[BaseException], ...] = ()
     max_running: int | None = None
+    #: At most this many jobs of the queue claimed in any period (drainer.queue_limits).
+    rate_limit: Rate | None = None
 
     def discards(self, exc: BaseException) -> bool:
         """Whether a failure with ``exc`` fails the job at once (no retry)."""
@@ -360,6 +363,7 @@ class Registry:
         retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
         max_running: int | None = None,
+        rate_limit: str | Rate | None = None,
     ) -> Callable[[Callable[[Job], R]], TaskHandler[R]]:
         """Register the decorated function as the handler of ``queue``.
 
@@ -381,6 +385,15 @@ class Registry:
             raise ValueError(f"task {queue!r}: max_running must be at least 1")
         if max_running is not None and transaction:
             raise ValueError(f"task {queue!r}: max_running does not apply to transaction=True")
+        rate = None
+        if rate_limit is not None:
+            try:
+                rate = parse_rate(rate_limit)
+            except ValueError as exc:
+                raise ValueError(f"task {queue!r}: {exc}") from None
+            if transaction:
+                raise ValueError(f"task {queue!r}: rate_limit does not apply to "
+                                 "transaction=True")
         if retry is not None and not isinstance(retry, Retry):
             raise TypeError(f"task {queue!r}: retry= takes a drainer.Retry(...)")
         retry_types = None if retry_on is None else _types(queue, "retry_on", retry_on)
@@ -397,7 +410,7 @@ class Registry:
             if transaction and inspect.iscoroutinefunction(func):
                 raise ValueError(f"task {queue!r}: transaction=True needs a sync handler")
             self.tasks[queue] = Task(queue, func, timeout, lease, max_attempts, transaction,
-                                     retry, retry_types, discard_types, max_running)
+                                     retry, retry_types, discard_types, max_running, rate)
             if definition is not None and self.schedules.get(definition.key) != definition:
                 self.add_recurring(definition)
             # The producers are attributes of the function itself: calling it, inspecting

@@ -23,6 +23,7 @@ from drainer._http import HEADER_DEADLINE_S as HEADER_DEADLINE_S
 from drainer._http import MAX_BODY_BYTES as MAX_BODY_BYTES
 from drainer._http import MAX_CONNECTIONS as MAX_CONNECTIONS
 from drainer._http import REQUEST_TIMEOUT_S as REQUEST_TIMEOUT_S
+from drainer._http import Closed as Closed
 from drainer._http import HttpHost as HttpHost
 from drainer._http import Server as Server
 from drainer._redact import redact
@@ -85,10 +86,6 @@ def _iso(t: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
-class Closed(Exception):
-    """The server is shutting down: no new drains."""
-
-
 class Coalescer:
     """One drain running, at most one queued behind it; later triggers join the queued one.
 
@@ -102,6 +99,7 @@ class Coalescer:
         self._drain = drain
         self._on_request = on_request
         self._keep = keep
+        self.keep = keep
         self._lock = threading.Lock()
         self.running: Run | None = None
         self.queued: Run | None = None

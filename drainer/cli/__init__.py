@@ -52,6 +52,7 @@ _CONFIGURE = (
     jobs.configure_purge,
     jobs.configure_pause,
     jobs.configure_resume,
+    jobs.configure_limit,
 )
 assert len(_CONFIGURE) == len(_SCOPES)
 

@@ -39,6 +39,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "purge": ("db",),
     "pause": ("db",),
     "resume": ("db",),
+    "limit": ("db",),
 }
 
 #: The help section of each settings scope.
@@ -166,7 +167,9 @@ def add_settings_flags(parser: argparse.ArgumentParser, scopes: Sequence[str]) -
                                default=argparse.SUPPRESS, help=help_text)
         elif kind == "list":
             group.add_argument(flag_of(name), dest=name, action="append",
-                               default=argparse.SUPPRESS, metavar="QUEUE", help=help_text)
+                               default=argparse.SUPPRESS, metavar=str(extra.get("metavar",
+                                                                                "QUEUE")),
+                               help=help_text)
         elif choices:
             group.add_argument(flag_of(name), dest=name, default=argparse.SUPPRESS,
                                type=any_case(flag_of(name), choices),

@@ -126,18 +126,25 @@ class Drain:
 
     def _again(self) -> bool:
         """Before exiting: claim again when follow-ups due now were just inserted (the
-        statement that inserted them could not claim them), or when a retry or snooze of
-        this drain is due within retry_linger seconds (waited for here: the compute is up
-        anyway, the next wake would cost a resume)."""
+        statement that inserted them could not claim them), when a rate-limited queue's
+        window has room again, or when a retry or snooze of this drain, or the next slot of
+        a rate-limited queue, is due within retry_linger seconds (waited for here: the
+        compute is up anyway, the next wake would cost a resume)."""
         if self.outcomes.followups_due:
             self.outcomes.followups_due = False
             return True
         if self.claims.freed_capped_slots():
             return True
+        now = datetime.now(timezone.utc)
+        if self.claims.rate_slot_open(now):  # a rate window has room again by now
+            return True
         if self.retry_linger <= 0:
             return False
-        now = datetime.now(timezone.utc)
-        due = self.outcomes.next_retry_at(now)
+        # a retry or snooze of this drain, or the next slot of a rate-limited queue it left
+        # due jobs on, whichever comes first
+        due = min((t for t in (self.outcomes.next_retry_at(now),
+                               self.claims.next_rate_slot(now)) if t is not None),
+                  default=None)
         if due is None:
             return False
         wait = (due - now).total_seconds()

@@ -13,6 +13,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from bench import plots
+from tests.bench.test_plots import check_charts
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
@@ -49,6 +52,10 @@ def test_bench_smoke_prints_the_tables(pg_url: str, bench_db: str, tmp_path: Pat
         assert len(values) == 1, name
     assert results["cold"]["left"]["drainer run-once"] == [0]
     assert results["cold"]["connections"]["drainer run-once"] == [1]
+    # the docs' charts are drawn from this JSON as it is written now
+    assert plots.main([str(out.with_suffix(".json")), "--charts-only", "--out",
+                       str(tmp_path / "charts")]) == 0
+    check_charts(results, tmp_path / "charts")
 
 
 def test_bench_smoke_of_the_link_and_io_sections(pg_url: str, bench_db: str,
@@ -84,3 +91,6 @@ def test_bench_smoke_of_the_link_and_io_sections(pg_url: str, bench_db: str,
     assert set(io) == {("async", 50), ("sync", 20)}
     for row in io.values():
         assert len(row["jobs_per_s"]) == 1 and row["ideal_jobs_per_s"] > 0, row
+    assert plots.main([str(out.with_suffix(".json")), "--charts-only", "--out",
+                       str(tmp_path / "charts")]) == 0
+    check_charts(results, tmp_path / "charts")
