@@ -59,6 +59,7 @@ from bench.core import (
 )
 from bench.io_bound import DEFAULT_PLAN, parse_plan, section_io
 from bench.link import section_link_drain, section_link_empty
+from drainer.migrate import migrate
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 HAVE_PGBENCH = shutil.which("pgbench") is not None
@@ -324,6 +325,10 @@ def section_history(ctx: Ctx) -> list[str]:
                 "now() - interval '1 day', now() - interval '1 day', now() - interval '1 day' "
                 "FROM generate_series(1, %s) g", [h])
             conn.execute("VACUUM (ANALYZE) b_history.jobs")
+    else:
+        # kept from an earlier invocation, maybe by an older drainer: bring it up to date
+        with psycopg.connect(db, autocommit=True) as conn:
+            migrate(conn, "b_history", "jobs")
 
     class WithHistory(Drainer):
         def setup(self) -> None:
