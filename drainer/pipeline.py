@@ -1,0 +1,229 @@
+"""The claim pipeline: ``complete_many_and_claim`` statements in flight on one connection.
+
+libpq pipeline mode driven from psycopg's low-level ``pgconn`` (as psycopg keeps its own
+in ``_pipeline.py``); :mod:`drainer.db` holds the connections and the other statements.
+"""
+
+from __future__ import annotations
+
+import re
+import selectors
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import pq
+
+from drainer.claimed import ClaimedRow, _start_now, claim_order
+
+if TYPE_CHECKING:
+    from drainer.db import Queries
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+
+
+def positional(query: str) -> tuple[str, list[str]]:
+    """A psycopg ``%(name)s`` query in libpq's ``$n`` form, and the names in ``$n`` order."""
+    names: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        if m.group(0) == "%%":
+            return "%"
+        if m.group(1) not in names:
+            names.append(m.group(1))
+        return f"${names.index(m.group(1)) + 1}"
+
+    return _PLACEHOLDER.sub(number, query), names
+
+
+def _int_array(values: Sequence[int]) -> bytes:
+    """An int[] parameter in PostgreSQL's text form."""
+    return ("{" + ",".join(str(int(v)) for v in values) + "}").encode()
+
+
+def _text_array(values: Sequence[str | None]) -> bytes:
+    """A text (or jsonb) array parameter in PostgreSQL's text form."""
+    def one(v: str | None) -> str:
+        if v is None:
+            return "NULL"
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return ("{" + ",".join(one(v) for v in values) + "}").encode()
+
+
+class ClaimPipeline:
+    """``complete_many_and_claim`` statements in flight on one connection, read in order.
+
+    psycopg's ``execute`` sends a statement and waits for it; this sends up to ``depth``
+    of them ahead (libpq pipeline mode, a Sync after each so that each commits on its
+    own), so the server runs the next statement while the drain runs a batch's handlers
+    and reads the previous result (measured: see README, Performance). While statements
+    are in flight the connection belongs to the pipeline: :meth:`close` (which reads what
+    is left) must come before any other statement.
+
+    Parameters go in text form, typed by the statement's casts; results are decoded by
+    the connection's own loaders. With prepared statements allowed the statement is
+    prepared once (a named protocol-level statement, as psycopg's own prepare does);
+    else it is sent unnamed each time.
+    """
+
+    NAME = "complete_many_and_claim"
+
+    def __init__(self, queries: Queries) -> None:
+        self.conn = queries.conn
+        self.pgconn = queries.conn.pgconn
+        self.text, self.names = positional(queries.text(self.NAME))
+        self.encoding = queries.conn.info.encoding
+        # the prepared statement's name; None: sent unnamed each time (prepared statements off)
+        self.statement: bytes | None = None if queries.conn.prepare_threshold is None else \
+            f"drainer_{self.NAME}_{id(self):x}".encode()
+        self.prepared = False
+        # prepared: ask for the generic plan (see queries.sql, generic_plan_for_this_transaction)
+        self.generic = self.statement is not None
+        self.generic_plan = queries.text("generic_plan_for_this_transaction").encode()
+        self.in_flight = 0
+        self._loaders: dict[int, Callable[[bytes], Any]] = {}
+
+    @staticmethod
+    def supported() -> bool:
+        """Whether the libpq psycopg uses has pipeline mode (libpq 14 and later)."""
+        return psycopg.Pipeline.is_supported()
+
+    def send(self, ids: Sequence[int], fences: Sequence[int], queue: str, batch_size: int,
+             lease: float, start_now: int | None = None, run_id: str | None = None,
+             results: Sequence[str | None] | None = None, followups: str | None = None
+             ) -> None:
+        """Send one completion + claim; the server runs it behind those sent before."""
+        pgconn = self.pgconn
+        if not self.in_flight:
+            if self.statement is not None and not self.prepared:
+                pgconn.send_prepare(self.statement, self.text.encode())
+                _flush(pgconn)
+                for res in _results(pgconn):
+                    _check(res, self.encoding)
+                self.prepared = True
+            pgconn.enter_pipeline_mode()
+        values: dict[str, bytes | None] = {
+            "ids": _int_array(ids), "fences": _int_array(fences),
+            "results": _text_array(list(results) if results is not None
+                                   else [None] * len(ids)),
+            "followups": (followups or "[]").encode(self.encoding), "running": b"running",
+            "queue": queue.encode(self.encoding), "batch_size": str(int(batch_size)).encode(),
+            "lease": repr(float(lease)).encode(),
+            "start_now": str(_start_now(start_now, batch_size)).encode(),
+            "run_id": None if run_id is None else run_id.encode(self.encoding)}
+        params: list[bytes | None] = [values[n] for n in self.names]
+        if self.generic:
+            pgconn.send_query_params(self.generic_plan, None)
+        if self.statement is None:
+            pgconn.send_query_params(self.text.encode(), params)
+        else:
+            pgconn.send_query_prepared(self.statement, params)
+        pgconn.pipeline_sync()
+        self.in_flight += 1
+        _flush(pgconn)
+
+    def receive(self) -> tuple[set[int], list[ClaimedRow]]:
+        """The oldest statement's result: ids written and rows claimed; or its error
+        (then it rolled back whole: nothing written, nothing claimed)."""
+        if not self.in_flight:
+            raise RuntimeError("no statement in flight")
+        pgconn = self.pgconn
+        setting = _results(pgconn) if self.generic else []
+        results = _results(pgconn)
+        sync = _next_result(pgconn)
+        self.in_flight -= 1
+        if sync is None or sync.status != pq.ExecStatus.PIPELINE_SYNC:
+            raise psycopg.OperationalError("pipeline out of step: expected a sync result")
+        if not self.in_flight:
+            pgconn.exit_pipeline_mode()
+        written: set[int] = set()
+        rows: list[ClaimedRow] = []
+        for res in setting:
+            _check(res, self.encoding)
+        for res in results:
+            _check(res, self.encoding)
+            if not res.ntuples:
+                continue
+            # kind, id, queue, payload, attempts, max_attempts, priority, run_at, locked_until,
+            # fence, trace_context
+            queue, payload, run_at, locked_until, trace_context = (
+                self._loader(res.ftype(c)) for c in (2, 3, 7, 8, 10))
+            get = res.get_value
+            for i in range(res.ntuples):
+                if get(i, 0) == b"done":
+                    written.add(int(_value(get(i, 1))))
+                    continue
+                rows.append(ClaimedRow(
+                    int(_value(get(i, 1))), queue(_value(get(i, 2))),
+                    payload(_value(get(i, 3))), int(_value(get(i, 4))),
+                    int(_value(get(i, 5))), int(_value(get(i, 6))),
+                    run_at(_value(get(i, 7))), locked_until(_value(get(i, 8))),
+                    int(_value(get(i, 9))), _nullable(trace_context, get(i, 10))))
+        rows.sort(key=claim_order)
+        return written, rows
+
+    def close(self) -> list[tuple[set[int], list[ClaimedRow]] | BaseException]:
+        """Read every statement still in flight (results or errors, in order; a broken
+        connection raises at once); the connection is then free for other statements."""
+        out: list[tuple[set[int], list[ClaimedRow]] | BaseException] = []
+        while self.in_flight:
+            try:
+                out.append(self.receive())
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                out.append(exc)
+        return out
+
+    def _loader(self, oid: int) -> Callable[[bytes], Any]:
+        f = self._loaders.get(oid)
+        if f is None:
+            cls = self.conn.adapters.get_loader(oid, pq.Format.TEXT)
+            if cls is None:
+                raise psycopg.InterfaceError(f"no loader for type oid {oid}")
+            f = self._loaders[oid] = cls(oid, self.conn).load
+        return f
+
+
+def _nullable(load: Callable[[bytes], Any], value: bytes | None) -> Any:
+    """A column that may be NULL (``get_value`` gives None for NULL)."""
+    return None if value is None else load(value)
+
+
+def _value(value: bytes | None) -> bytes:
+    if value is None:  # the statement's columns are NOT NULL for claimed rows
+        raise psycopg.DataError("unexpected NULL in a claimed row")
+    return value
+
+
+def _check(res: pq.abc.PGresult, encoding: str) -> None:
+    if res.status == pq.ExecStatus.FATAL_ERROR:
+        raise psycopg.errors.error_from_result(res, encoding=encoding)
+
+
+def _wait(pgconn: pq.abc.PGconn, events: int) -> None:
+    with selectors.DefaultSelector() as sel:
+        sel.register(pgconn.socket, events)
+        sel.select()
+
+
+def _flush(pgconn: pq.abc.PGconn) -> None:
+    """Send what libpq holds (the connection is non-blocking: a send may stop half-way)."""
+    while pgconn.flush():
+        _wait(pgconn, selectors.EVENT_WRITE)
+
+
+def _next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
+    pgconn.consume_input()
+    while pgconn.is_busy():
+        _wait(pgconn, selectors.EVENT_READ)
+        pgconn.consume_input()
+    return pgconn.get_result()
+
+
+def _results(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
+    """The results of the statement at the head of the connection, up to its end."""
+    out: list[pq.abc.PGresult] = []
+    while (res := _next_result(pgconn)) is not None:
+        out.append(res)
+    return out
