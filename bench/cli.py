@@ -117,8 +117,8 @@ def section_drain(ctx: Ctx) -> list[str]:
         PlainLoop("plain psycopg loop (claim 10, complete in 1 statement)", db, "b_plain"),
     ]
     if ctx.peers:
-        proc_db = ensure_database(ctx.server, "drainer_bench_procrastinate")
-        pgq_db = ensure_database(ctx.server, "drainer_bench_pgqueuer")
+        proc_db = ctx.peer_db("procrastinate")
+        pgq_db = ctx.peer_db("pgqueuer")
         contenders += [
             Procrastinate("procrastinate worker --one-shot (c=1)", proc_db, "public",
                           concurrency=1),
@@ -197,8 +197,8 @@ def section_cold(ctx: Ctx) -> list[str]:
          {"PYTHONPATH": str(ROOT)}, db_name),
     ]
     if ctx.peers:
-        proc_db = ensure_database(ctx.server, "drainer_bench_procrastinate")
-        pgq_db = ensure_database(ctx.server, "drainer_bench_pgqueuer")
+        proc_db = ctx.peer_db("procrastinate")
+        pgq_db = ctx.peer_db("pgqueuer")
         p = Procrastinate("", proc_db, "public")
         p.setup()
         p.reset(0)
@@ -210,9 +210,10 @@ def section_cold(ctx: Ctx) -> list[str]:
         runs += [
             ("procrastinate worker --one-shot", [str(PEERS_BIN / "procrastinate"),
              "--app=bench.peer_procrastinate.app", "worker", "--one-shot", "-q", "bench"],
-             p.env(), "drainer_bench_procrastinate"),
+             p.env(), f"{ctx.database}_procrastinate"),
             ("pgqueuer drain mode", [str(PEERS_BIN / "python"), "-m", "bench.peer_pgqueuer",
-                                     pgq_db], {"PYTHONPATH": str(ROOT)}, "drainer_bench_pgqueuer"),
+                                     pgq_db], {"PYTHONPATH": str(ROOT)},
+             f"{ctx.database}_pgqueuer"),
         ]
     walls: dict[str, list[float]] = {name: [] for name, *_ in runs}
     xacts: dict[str, list[int]] = {name: [] for name, *_ in runs}
@@ -464,8 +465,14 @@ class Ctx:
         self.io_sleep: float = args.io_sleep
         self.io_plan: list[tuple[str, int]] = args.io_plan
         self.io_repeat: int = args.io_repeat or args.repeat
+        self.database: str = args.database
         self.db = ensure_database(self.server, args.database)
         self.results: dict[str, Any] = {}
+
+    def peer_db(self, peer: str) -> str:
+        """The URL of ``peer``'s own database, named after --database (default
+        drainer_bench_<peer>), so that two runs with different --database never share one."""
+        return ensure_database(self.server, f"{self.database}_{peer}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from bench.contenders import PEERS_BIN, Contender, Drainer, Pgqueuer, Procrastinate
-from bench.core import ROOT, VENV_BIN, ensure_database, fill, fmt_rate, fresh_schema, log, run_timed
+from bench.core import ROOT, VENV_BIN, fill, fmt_rate, fresh_schema, log, run_timed
 from bench.proxy import DelayProxy, Session, compute_seconds, held_seconds
 
 if TYPE_CHECKING:
     from bench.cli import Ctx
 
 QUEUE_COUNTS = (1, 50, 300)
+PROCRASTINATE = "procrastinate worker --one-shot (c=10)"
 
 
 def target_of(url: str) -> tuple[str, int]:
@@ -120,9 +121,12 @@ def section_link_drain(ctx: Ctx) -> list[str]:
             ("drainer run-once (defaults)", lambda v: Drainer(
                 "drainer run-once (defaults)", db, "b_link", via=v))]
         if ctx.peers:
-            pgq_db = ensure_database(ctx.server, "drainer_bench_pgqueuer")
+            pgq_db = ctx.peer_db("pgqueuer")
             kinds.append(("pgqueuer drain mode (asyncpg, batch 10)", lambda v: Pgqueuer(
                 "pgqueuer drain mode (asyncpg, batch 10)", pgq_db, "public", via=v)))
+            proc_db = ctx.peer_db("procrastinate")
+            kinds.append((PROCRASTINATE, lambda v: Procrastinate(
+                PROCRASTINATE, proc_db, "public", via=v, concurrency=10)))
         entries: list[tuple[Contender, float | None]] = []
         for _name, make in kinds:
             entries.append((make(None), None))
@@ -149,14 +153,21 @@ def section_link_drain(ctx: Ctx) -> list[str]:
     by = {(r.name, r.rtt): r for r in runs}
     for link in [None, *ctx.rtts]:
         d = by.get(("drainer run-once (defaults)", link))
-        q = by.get(("pgqueuer drain mode (asyncpg, batch 10)", link))
-        if d and q and d.rates and q.rates:
-            text = (f"{link_label(link)}: drainer / pgqueuer jobs/s "
-                    f"**{_med(d.rates) / _med(q.rates):.1f}x**")
-            if link is not None:
-                text += (f", compute-s per 1,000 jobs pgqueuer / drainer "
-                         f"**{_med(q.compute) / _med(d.compute):.1f}x**")
-            lines.append(f"- {text}")
+        for peer, short in (("pgqueuer drain mode (asyncpg, batch 10)", "pgqueuer"),
+                            (PROCRASTINATE, "procrastinate")):
+            q = by.get((peer, link))
+            if d and q and d.rates and q.rates:
+                text = (f"{link_label(link)}: drainer / {short} jobs/s "
+                        f"**{_med(d.rates) / _med(q.rates):.1f}x**")
+                if link is not None:
+                    text += (f", compute-s per 1,000 jobs {short} / drainer "
+                             f"**{_med(q.compute) / _med(d.compute):.1f}x**")
+                lines.append(f"- {text}")
+        if d and link is not None and d.rates and by.get(("drainer run-once (defaults)", None)):
+            own = by[("drainer run-once (defaults)", None)]
+            if own.rates:
+                lines.append(f"- {link_label(link)}: drainer / its own local rate "
+                             f"**{_med(d.rates) / _med(own.rates):.2f}x**")
     lines += ["", "compute-s: seconds during which at least one of the run's server sessions "
               "was open through the proxy (accept to close), per 1,000 jobs; statements: Query "
               "+ Execute messages the contender sent; the proxy holds each direction RTT/2 and "
@@ -191,9 +202,9 @@ def section_link_empty(ctx: Ctx) -> list[str]:
     apps = write_queue_apps(tmp)
     peers: list[tuple[str, Contender]] = []
     if ctx.peers:
-        p = Procrastinate("", ensure_database(ctx.server, "drainer_bench_procrastinate"),
+        p = Procrastinate("", ctx.peer_db("procrastinate"),
                           "public")
-        q = Pgqueuer("", ensure_database(ctx.server, "drainer_bench_pgqueuer"), "public")
+        q = Pgqueuer("", ctx.peer_db("pgqueuer"), "public")
         for peer in (p, q):
             peer.setup()
             peer.reset(0)

@@ -15,6 +15,7 @@ time, fits behind the same methods.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,11 +52,13 @@ ADAPT_SAMPLES = 5
 Batch = list[tuple["Task", db.ClaimedRow]]
 
 
-def claim_size(batch_size: int, max_jobs: int | None, claimed: int, ahead: int = 0) -> int:
-    """The next claim's size: a batch, or what is left under --max-jobs, less the sizes of
-    the claims still in flight (``ahead``): a whole batch in flight leaves no room."""
-    size = batch_size if max_jobs is None else min(batch_size, max_jobs - claimed)
-    return size - ahead
+def claim_size(batch_size: int, max_jobs: int | None, claimed: int, ahead: int = 0,
+               window: int | None = None) -> int:
+    """The next claim's size: a batch, or what is left under --max-jobs, within the jobs
+    claims in flight may hold (``window``, default one batch) less the sizes of those still
+    in flight (``ahead``): with the default window a whole batch in flight leaves no room."""
+    size = min(batch_size, (batch_size if window is None else window) - ahead)
+    return size if max_jobs is None else min(size, max_jobs - claimed - ahead)
 
 
 def next_queue(idx: int, n: int, size: int, got: int) -> int:
@@ -105,6 +108,19 @@ class BatchClock:
         want = int(2 * self.rtt / self.per_job) + 1
         # half the limit: a batch sized right at it would be "slow" every other time
         return max(batch_size, min(most, want, int(self.limit / 2 / self.per_job)))
+
+    def depth(self, size: int, most: int) -> int:
+        """How many claims of ``size`` to keep in flight, at most ``most`` (the pipeline
+        depth): enough that they hold the jobs the handlers run in two measured round trips
+        (so that the next claim is back before the batches in hand are done), but no more
+        than run within the ``limit`` (a job claimed ahead waits at most that long for its
+        handler, so no drainer hoards jobs). Before ADAPT_SAMPLES round trips: one."""
+        if most <= 1 or self.rtt is None or not self.per_job or self.samples < ADAPT_SAMPLES \
+                or size <= 0:
+            return min(1, most)
+        batch_s = size * self.per_job
+        want = math.ceil(2 * self.rtt / batch_s)
+        return max(1, min(most, want, int(self.limit / batch_s)))
 
     def fast(self) -> bool:
         """The last batch ran fast enough to claim the next ahead of it."""
@@ -184,8 +200,11 @@ class Claims:
             batch = max(batch, min(MAX_CLAIM, self.room(task)))
         if task.rate_limit is not None:  # only what starts at once: a slot is a start
             batch = min(batch, self.start_now())
+        # claims in flight hold at most `depth` claims of this size (one before the round
+        # trip and the handlers' speed are measured), and never more than MAX_CLAIM jobs
+        window = max(batch, min(MAX_CLAIM, batch * self.clock.depth(batch, self.depth)))
         return claim_size(batch, self.max_jobs, self.report.claimed,
-                          sum(a.size for a in self.ahead))
+                          sum(a.size for a in self.ahead), window)
 
     def start_now(self) -> int:
         """The jobs of an in-step or combined claim that start at once."""

@@ -165,8 +165,9 @@ class Drain:
         while self.pending and self.handlers.has_room(self.pending[0]):
             self.clock.start(time.monotonic())
             self.handlers.start(self.pending.popleft())
-        if not self.pending and self.handlers.in_flight() and not self.claims.ahead \
-                and self._may_send_ahead():
+        # as many as the claims' window allows (see Claims.size: one, or more when the
+        # round trip is long for the handlers' speed)
+        while not self.pending and self.handlers.in_flight() and self._may_send_ahead():
             self.claims.send_ahead()
 
     def _read_ahead(self, idle: bool) -> bool:

@@ -55,6 +55,40 @@ def test_claim_size(batch: int, max_jobs: int | None, claimed: int, ahead: int,
     assert claim_size(batch, max_jobs, claimed, ahead) == size
 
 
+@pytest.mark.parametrize(("batch", "max_jobs", "claimed", "ahead", "window", "size"), [
+    (10, None, 0, 10, 30, 10), (10, None, 0, 25, 30, 5), (10, None, 0, 30, 30, 0),
+    (10, 43, 30, 10, 30, 3), (10, 43, 0, 20, 30, 10), (10, 25, 0, 20, 30, 5),
+])
+def test_claim_size_within_a_window_of_claims_in_flight(
+        batch: int, max_jobs: int | None, claimed: int, ahead: int, window: int,
+        size: int) -> None:
+    assert claim_size(batch, max_jobs, claimed, ahead, window) == size
+
+
+def test_pipeline_depth_adapts_to_the_round_trip_within_bounds() -> None:
+    from drainer.drain.claims import ADAPT_SAMPLES
+
+    clock = BatchClock(limit=0.1)
+    assert clock.depth(10, 4) == 1  # nothing measured: one claim ahead
+    for _ in range(10):
+        clock.start(0.0)
+    clock.finish(0.001)  # 0.1 ms a job: a batch of 10 runs 1 ms
+    for _ in range(ADAPT_SAMPLES - 1):
+        clock.round_trip(0.002)
+    assert clock.depth(10, 4) == 1  # not before ADAPT_SAMPLES round trips
+    clock.round_trip(0.002)
+    assert clock.depth(10, 8) == 4  # two 2 ms round trips of 1 ms batches
+    assert clock.depth(10, 2) == 2  # never deeper than --pipeline-depth
+    assert clock.depth(10, 1) == 1
+    assert clock.depth(100, 8) == 1  # a 10 ms batch covers two round trips alone
+    far = BatchClock(limit=0.1)
+    far.start(0.0)
+    far.finish(0.03)  # 30 ms a job
+    for _ in range(ADAPT_SAMPLES):
+        far.round_trip(0.2)
+    assert far.depth(1, 8) == 3  # what runs within the limit: 3 x 30 ms, not 14 claims
+
+
 def test_next_queue_stays_while_batches_are_full() -> None:
     assert next_queue(0, 3, 10, 10) == 0
     assert next_queue(0, 3, 10, 9) == 1
