@@ -122,6 +122,15 @@ class BatchClock:
         want = math.ceil(2 * self.rtt / batch_s)
         return max(1, min(most, want, int(self.limit / batch_s)))
 
+    def runs_out(self, waiting: int) -> bool:
+        """Whether ``waiting`` jobs (claimed, not started) run out within two measured round
+        trips: a claim sent now is then back about when they are done (none waiting: yes;
+        nothing measured yet: no, the batch is handed over first)."""
+        if not waiting:
+            return True
+        return self.rtt is not None and bool(self.per_job) and \
+            self.samples >= ADAPT_SAMPLES and waiting * (self.per_job or 0) <= 2 * self.rtt
+
     def fast(self) -> bool:
         """The last batch ran fast enough to claim the next ahead of it."""
         return self.last is not None and self.last <= self.limit
@@ -175,6 +184,7 @@ class Claims:
         self.last_full = False  # the last claim filled its batch: claiming ahead may pay
         self.ahead: list[_Ahead] = []
         self.clock = BatchClock()  # batch times and round trips (the drain loop's clock)
+        self.last_size = batch_size  # the last claim's size (grown to the link or the slots)
         # a max_running queue's claim got less than it asked (the cap, or nothing due):
         # the report's finished count then; the drain claims again once it has finished
         # jobs since (it freed slots), instead of taking "nothing claimed" for "drained"
@@ -218,6 +228,7 @@ class Claims:
         """Count a claim of ``got`` jobs (of ``size`` asked) from queue ``idx`` and move
         the cursor (``stay``: on ``idx``, as after a transaction-mode batch)."""
         self.report.claimed += got
+        self.last_size = max(size, got)
         full = got == size
         self.last_full = full if in_step else self.last_full and full
         if got < size:

@@ -161,13 +161,15 @@ class Drain:
         return not self.limits.stop.is_set()
 
     def _hand_over(self) -> None:
-        """Start what may start; once the batch is handed over, claim the next ahead."""
+        """Start what may start; once the batch is (nearly) handed over, claim the next ahead."""
         while self.pending and self.handlers.has_room(self.pending[0]):
             self.clock.start(time.monotonic())
             self.handlers.start(self.pending.popleft())
         # as many as the claims' window allows (see Claims.size: one, or more when the
-        # round trip is long for the handlers' speed)
-        while not self.pending and self.handlers.in_flight() and self._may_send_ahead():
+        # round trip is long for the handlers' speed), once what waits to start runs out
+        # within two round trips (sequential handlers take a large batch a few at a time)
+        while self.clock.runs_out(len(self.pending)) and self.handlers.in_flight() \
+                and self._may_send_ahead():
             self.claims.send_ahead()
 
     def _read_ahead(self, idle: bool) -> bool:
@@ -192,7 +194,11 @@ class Drain:
         """Write the outcomes of a finished batch (or a batch worth of them), with the next
         claim when it is due (True: this step is over); VACUUM between batches."""
         buffered = len(self.outcomes)
-        if not buffered or (self.pending and buffered < self.batch_size):
+        # while a batch is still being handed over, its outcomes wait for a batch worth of
+        # them: the claim's size (grown to the round trip: they then go with the next
+        # claim, not one round trip each --batch-size jobs)
+        if not buffered or (self.pending and buffered < max(self.batch_size,
+                                                             self.claims.last_size)):
             return False
         if idle and self.phase is Phase.CLAIMING and self.claims.can_combine() \
                 and not self._vacuum_due() and self._check_limits() is None:

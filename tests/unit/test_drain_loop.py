@@ -196,3 +196,32 @@ def test_a_rate_limited_queue_is_claimed_in_step_up_to_its_window_then_the_drain
     # (T0 + 60 s) is long past by this clock: claimed again once, not in a loop
     assert jobs.rated_sizes == [2, 2, 2, 2]
     assert jobs.sent.count("claim_batch_rated") == 4
+
+
+def test_a_far_database_claims_ahead_before_the_batch_is_handed_over() -> None:
+    """Measured 10 ms away with fast handlers: claims grow, the next goes out while the
+    sequential handlers still take the batch in hand a few at a time, and the batch's
+    successes go with those claims, not in a statement of their own each --batch-size."""
+    from drainer.drain.claims import ADAPT_SAMPLES
+
+    jobs = FakeJobs()
+    jobs.add("a", 3000)
+    d = _drain(jobs, _registry(lambda job: None), depth=2)
+    d.clock.rtt, d.clock.samples = 0.01, ADAPT_SAMPLES  # a database 10 ms away, measured
+    d.clock.round_trip = lambda seconds: None  # type: ignore[method-assign]  # fakes answer at once
+    waiting: list[int] = []
+    send = d.claims.send_ahead
+
+    def send_ahead() -> None:
+        waiting.append(len(d.pending))
+        send()
+
+    d.claims.send_ahead = send_ahead  # type: ignore[method-assign]
+    d.run()
+    assert jobs.statuses() == {"done": 3000}
+    assert d.report.succeeded == 3000
+    assert max(d.claims.last_size, *(n for n in waiting)) > 10  # grown to the round trip
+    assert any(n > 0 for n in waiting)  # sent with jobs still waiting to start
+    # the successes went with the claims: a final write at most, not one per 10 jobs
+    assert jobs.sent.count("complete_many") <= 1, jobs.sent.count("complete_many")
+    assert not d.claims.ahead and jobs.in_flight == 0
