@@ -72,6 +72,7 @@ def test_bench_smoke_of_the_link_and_io_sections(pg_url: str, bench_db: str,
     assert "### Drain across a link: 200 no-op jobs" in text
     assert "| drainer run-once (defaults) | proxy, RTT 2 ms |" in text
     assert "| drainer run-once (defaults) | local (direct) |" in text
+    assert "proxy, RTT 2 ms: drainer / its own local rate **" in text
     assert "### Empty queue across a link" in text
     assert "| drainer run-once, 300 queues | proxy, RTT 2 ms |" in text
     assert "### Handlers that wait on I/O: 200 jobs of 50 ms each" in text
