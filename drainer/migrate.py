@@ -140,9 +140,10 @@ def check_schema(queries: Queries) -> int:
     return check_version(queries, queries.schema_version())
 
 
-def check_version(queries: Queries, version: int | None) -> int:
-    """check_schema for a version already read (as by the drain's first statement)."""
-    latest = latest_version()
+def check_version(queries: Queries, version: int | None, latest: int | None = None) -> int:
+    """check_schema for a version already read (as by the drain's first statement);
+    ``latest``: latest_version(), when the caller has read it already."""
+    latest = latest_version() if latest is None else latest
     target = f"{queries.schema}.{queries.table}"
     if version is None:
         raise SchemaError(

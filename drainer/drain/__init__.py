@@ -84,6 +84,7 @@ def run_once(
                                                        hard_exit=handle_signals)
     with signals:
         try:
+            latest = latest_version()  # read before the session is open (it is billed)
             conn = parts["conn"] = db.connect(settings)
             connected_at = time.monotonic()
             try:
@@ -91,9 +92,9 @@ def run_once(
                 # schema check, reap, which queues have due jobs and which are paused (the
                 # run's one lookup of them): one round trip
                 version, reaped, due, paused, controls = q.run_start(
-                    queues, latest_version(),
+                    queues, latest,
                     [registry.tasks[name].max_attempts for name in queues])
-                check_version(q, version)
+                check_version(q, version, latest)
                 logger.debug("drain started", extra={"run_id": report.run_id,
                                                      "queues": queues})
                 report.reaped = reaper.counted(reaped).reaped
