@@ -69,7 +69,8 @@ class IoDrainer(Drainer, _Stamped):
     def run(self, n: int) -> Timed:
         env = {**self.env(), **self.stamp_env()}
         return run_timed([str(VENV_BIN / "drainer"), "run-once", "--concurrency",
-                          str(self.concurrency), "--queue", f"io_{self.kind}"], env)
+                          str(self.concurrency), "--queue", f"io_{self.kind}", *self.flags],
+                         env)
 
 
 @dataclass
