@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import queue as queue_mod
 import threading
@@ -421,6 +422,10 @@ class EventLoopThread:
         # the task of each Running (by id(): a job retried in the same drain is a new one),
         # touched on the loop's thread only
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        # the context each task starts from (a copy a task): the submitting thread's, as
+        # captured at the last hand-over, never another job's (a task started in the place
+        # of one that ended is made in that one's context otherwise)
+        self.context = contextvars.copy_context()
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._main, daemon=True,
                                        name="drainer-event-loop")
@@ -445,6 +450,7 @@ class EventLoopThread:
         """Run the handlers of ``jobs`` (each with its timeout); ``done`` is given the
         outcomes, a list at a time. Jobs handed over together wake the loop once."""
         self.done = done
+        self.context = contextvars.copy_context()
         with self.lock:
             wake = not self.waiting and self.active < self.limit
             self.waiting.extend(jobs)
@@ -461,7 +467,7 @@ class EventLoopThread:
                 starting = [self.waiting.popleft() for _ in range(n)]
                 self.active += n
             for r, timeout in starting:
-                self.tasks[id(r)] = self.loop.create_task(self._run(r, timeout))
+                self._create(r, timeout)
 
     def take_back(self) -> list[Running]:
         with self.lock:
@@ -505,7 +511,12 @@ class EventLoopThread:
                 self.active -= 1
                 return
             nxt, timeout = self.waiting.popleft()
-        self.tasks[id(nxt)] = self.loop.create_task(self._run(nxt, timeout))
+        self._create(nxt, timeout)
+
+    def _create(self, r: Running, timeout: float | None) -> None:
+        # Context.run: the task copies the hand-over's context (create_task(context=) is
+        # Python 3.11+ and would share one context among tasks)
+        self.tasks[id(r)] = self.context.run(self.loop.create_task, self._run(r, timeout))
 
     def _hand_back(self) -> None:
         """The outcomes of the tasks that ended in this turn of the loop, as one list."""

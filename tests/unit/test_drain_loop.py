@@ -297,3 +297,35 @@ def test_fewer_collections_while_drains_run_then_the_process_thresholds() -> Non
         assert gc.get_threshold()[0] == 50_000
     finally:
         gc.set_threshold(*before)
+
+
+def test_an_async_job_does_not_see_the_context_variables_of_the_job_before_it() -> None:
+    import asyncio
+    import contextvars
+
+    from drainer.db import ClaimedRow
+    from drainer.drain.handlers import make_running
+    from tests.unit.fake_statements import T0
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen: list[str] = []
+    registry = Registry()
+
+    @registry.task("a")
+    async def handler(job: Job) -> None:
+        seen.append(var.get())
+        var.set(f"job {job.id}")  # a handler's own binding (a structlog context, say)
+        await asyncio.sleep(0)
+
+    task = registry.tasks["a"]
+    h = Handlers(1, 10, None, lambda: True)  # one task at a time: each starts as one ends
+    token = var.set("the caller's")
+    try:
+        h.start_many([make_running(task, ClaimedRow(i, "a", {}, 1, 5, 0, T0, T0, 1), 60.0,
+                                   None) for i in range(1, 4)])
+        got = h.wait(2.0, want=3)
+        assert len(got) == 3 and h.in_flight() == 0
+    finally:
+        var.reset(token)
+        h.shutdown()
+    assert seen == ["the caller's"] * 3
