@@ -2,7 +2,7 @@
 
 Nothing here touches the database: :class:`Handlers` takes jobs to run and hands back
 their :class:`Outcome`; the drain loop decides what to write. The loop uses only
-``start``, ``wait``, ``in_flight``, ``has_room``/``slots``, ``free``, ``take_back`` and
+``start_many``, ``wait``, ``in_flight``, ``slots``, ``room``/``free``, ``take_back`` and
 ``still_running``.
 
 Sync handlers run on ``concurrency`` threads; async handlers run as tasks on ONE
