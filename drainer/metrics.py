@@ -45,8 +45,8 @@ def build_registry(settings: Settings, report: RunReport, *, now: float | None =
     try:
         from prometheus_client import CollectorRegistry, Gauge
     except ImportError:
-        raise DrainerError("prometheus-client is not installed: pip install "
-                           "'drainer[prometheus]'") from None
+        raise DrainerError("prometheus-client is not installed (the 'prometheus' extra): "
+                           "pip install prometheus-client") from None
 
     registry = CollectorRegistry()
 

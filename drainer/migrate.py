@@ -111,7 +111,8 @@ NOTIFY_PAYLOAD_MAX_BYTES = 7000
 
 def install_notify_trigger(conn: psycopg.Connection[Any], schema: str, table: str,
                            channel: str = "drainer") -> None:
-    """The article's AFTER INSERT trigger: ``pg_notify(channel, queue)``, a hint only.
+    """The AFTER INSERT trigger of 'Postgres as a job queue': ``pg_notify(channel,
+    queue)``, a hint only.
 
     Idempotent and safe to run concurrently: the install is one transaction under
     migrate's advisory lock. The payload is bounded (:data:`NOTIFY_PAYLOAD_MAX_BYTES`), so

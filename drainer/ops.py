@@ -19,6 +19,7 @@ from drainer.errors import ConfigError, DrainerError
 
 if TYPE_CHECKING:
     from drainer.db import Queries
+    from drainer.queue_limits import Rate
     from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -242,17 +243,24 @@ def purge_jobs(settings: Settings, *, status: str, older_than: float,
             deleted = int(rows[0]["count"])
             statements = 1
         else:
-            while True:
-                n = q.archive_batch(status, older_than, batch, move=False)
-                statements += 1
-                deleted += n
-                if n < batch:
-                    break
+            deleted, statements = purge_batches(q, status, older_than, batch)
     if not dry_run:
         logger.info("purge: deleted %d %s jobs finished more than %.0fs ago", deleted, status,
                     older_than)
     return {"dry_run": dry_run, "status": status, "older_than_s": older_than,
             "purged": deleted, "statements": statements}
+
+
+def purge_batches(q: Queries, status: str, older_than: float, batch: int) -> tuple[int, int]:
+    """The deletes of `drainer purge`: batches of ``batch`` rows until one comes back short.
+    Returns (rows deleted, statements run)."""
+    deleted = statements = 0
+    while True:
+        n = q.archive_batch(status, older_than, batch, move=False)
+        statements += 1
+        deleted += n
+        if n < batch:
+            return deleted, statements
 
 
 # -- text -----------------------------------------------------------------------------------------
@@ -278,6 +286,54 @@ def resume(settings: Settings, queues: Sequence[str]) -> dict[str, Any]:
         changed = q.resume_queues(names)
     return {"resumed": sorted(changed),
             "not_paused": sorted(set(names) - set(changed))}
+
+
+def limit(settings: Settings, queues: Sequence[str], *, max_running: int | None = None,
+          rate: str | Rate | None = None, clear_max_running: bool = False,
+          clear_rate: bool = False) -> dict[str, Any]:
+    """The operator's limits of ``queues`` (``drainer limit``): ``max_running`` (at most N
+    running across all drainers), ``rate`` (``"10/m"``: at most 10 claimed in any minute);
+    ``clear_*`` drops the operator's, so the setting's or the task's applies again. They
+    override the settings and the tasks from each drainer's next run. With nothing to
+    change, the limits as they are."""
+    from drainer.queue_limits import parse_max_running, parse_rate
+
+    names = _queue_names(queues)
+    try:
+        cap = None if max_running is None else parse_max_running(max_running)
+        parsed = None if rate is None else parse_rate(rate)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if (cap is not None and clear_max_running) or (parsed is not None and clear_rate):
+        raise ConfigError("set a limit or clear it, not both")
+    with _queries(settings) as q:
+        if cap is None and parsed is None and not clear_max_running and not clear_rate:
+            rows = [r for r in q.fetch_dicts("queue_limits") if r["queue"] in names]
+        else:
+            rows = q.set_limits(names, max_running=cap, rate=parsed,
+                                clear_max_running=clear_max_running, clear_rate=clear_rate)
+    by_queue = {r["queue"]: r for r in rows}
+    return {"limits": [_limit_entry(name, by_queue.get(name, {})) for name in names]}
+
+
+def _limit_entry(queue: str, row: dict[str, Any]) -> dict[str, Any]:
+    from drainer.queue_limits import Rate
+
+    rate = None if row.get("rate_count") is None else str(
+        Rate(int(row["rate_count"]), float(row["rate_period_s"])))
+    next_at = row.get("rate_next_at")
+    return {"queue": queue, "max_running": row.get("max_running"), "rate_limit": rate,
+            **({"rate_next_at": next_at.isoformat()} if next_at is not None else {})}
+
+
+def render_limits(report: dict[str, Any]) -> str:
+    lines = []
+    for e in report["limits"]:
+        mr = "-" if e["max_running"] is None else str(e["max_running"])
+        rate = e["rate_limit"] or "-"
+        lines.append(f"{e['queue']}: max_running {mr}, rate {rate} (operator's; '-': the "
+                     "setting's or the task's applies)")
+    return "\n".join(lines)
 
 
 def _queue_names(queues: Sequence[str]) -> list[str]:
@@ -309,7 +365,8 @@ def render_job(job: dict[str, Any]) -> str:
     for key, value in job.items():
         if key in ("payload", "last_error", "result"):
             continue
-        lines.append(f"{key + ':':15s}{'-' if value is None else value}")
+        label = f"{key}:" if len(key) < 14 else f"{key}: "
+        lines.append(f"{label:15s}{'-' if value is None else value}")
     lines.append("payload:")
     lines.append(json.dumps(job["payload"], indent=2, ensure_ascii=False))
     if job.get("result") is not None:

@@ -1,4 +1,5 @@
-"""OpenTelemetry, when the application uses it (``pip install 'drainer[otel]'``).
+"""OpenTelemetry, when the application uses it (the ``otel`` extra:
+``pip install '/path/to/drainer[otel]'``).
 
 - Producers: :func:`producer_context` is the current span's W3C trace context
   (``traceparent``, ``tracestate``), stored with the job in its ``trace_context`` column.
@@ -67,8 +68,8 @@ def for_run(mode: str) -> RunTracing | None:
         from opentelemetry import trace
     except ImportError:
         if mode == "on":
-            raise ConfigError("DRAINER_OTEL=on needs OpenTelemetry: pip install "
-                              "'drainer[otel]'") from None
+            raise ConfigError("DRAINER_OTEL=on needs OpenTelemetry (the 'otel' extra): "
+                              "pip install opentelemetry-sdk") from None
         return None
     provider = trace.get_tracer_provider()
     if mode == "auto" and isinstance(provider, (trace.ProxyTracerProvider,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from itertools import islice
+from itertools import chain, islice
 from json.encoder import encode_basestring_ascii
 from typing import Any, overload
 
@@ -284,32 +284,50 @@ def enqueue_many(
     """
     if isinstance(conn, psycopg.AsyncConnection):
         return enqueue_many_async(conn, jobs, schema=schema, table=table)
+    cur = conn.cursor()
+    if conn.autocommit:
+        streamed = _streamable(jobs)
+        if isinstance(streamed, _Due):
+            with conn.transaction():
+                with cur.copy(_q("enqueue_copy_now", schema, table)) as copy:
+                    done = _write_now(copy, streamed, text=_stock_text_copy(cur))
+                if streamed.rest is None:
+                    return EnqueueResult(done, 0)
+                rest = _bulk(streamed.rest)
+                assert rest is not None  # it holds the job that ended the COPY
+                result = _write_bulk(cur, rest, schema, table)
+            return EnqueueResult(done + result.enqueued, result.skipped_duplicates)
+        jobs = streamed
     bulk = _bulk(jobs)
     if bulk is None:
         return EnqueueResult(0, 0)
-    specs = bulk.specs
-    cur = conn.cursor()
-    if bulk.path == "now":
-        text = _stock_text_copy(cur)
-        with _atomic(conn), cur.copy(_q("enqueue_copy_now", schema, table)) as copy:
-            _write_now(copy, specs, text=text)
-        return EnqueueResult(len(specs), 0)
     with _atomic(conn):
-        if bulk.path == "copy":
-            now = cur.execute(QUERIES["enqueue_now"]).fetchone() if bulk.needs_now else None
-            with cur.copy(_q(bulk.copy_statement, schema, table)) as copy:
-                copy.set_types(bulk.copy_types)
-                for r in bulk.rows(now[0] if now else None):
-                    copy.write_row(r)
-            return EnqueueResult(len(specs), 0)
-        cur.execute(QUERIES["enqueue_stage"])
-        with cur.copy(QUERIES["enqueue_stage_copy"]) as copy:
-            copy.set_types(_STAGE_TYPES)
-            for r in bulk.stage_rows():
+        return _write_bulk(cur, bulk, schema, table)
+
+
+def _write_bulk(cur: psycopg.Cursor[Any], bulk: _Bulk, schema: str,
+                table: str) -> EnqueueResult:
+    """Write a checked batch, in the transaction open on ``cur``'s connection."""
+    specs = bulk.specs
+    if bulk.path == "now":
+        with cur.copy(_q("enqueue_copy_now", schema, table)) as copy:
+            _write_now(copy, specs, text=_stock_text_copy(cur))
+        return EnqueueResult(len(specs), 0)
+    if bulk.path == "copy":
+        now = cur.execute(QUERIES["enqueue_now"]).fetchone() if bulk.needs_now else None
+        with cur.copy(_q(bulk.copy_statement, schema, table)) as copy:
+            copy.set_types(bulk.copy_types)
+            for r in bulk.rows(now[0] if now else None):
                 copy.write_row(r)
-        cur.execute(_q("enqueue_stage_insert", schema, table))
-        inserted = cur.rowcount
-        cur.execute(QUERIES["enqueue_stage_drop"])
+        return EnqueueResult(len(specs), 0)
+    cur.execute(QUERIES["enqueue_stage"])
+    with cur.copy(QUERIES["enqueue_stage_copy"]) as copy:
+        copy.set_types(_STAGE_TYPES)
+        for r in bulk.stage_rows():
+            copy.write_row(r)
+    cur.execute(_q("enqueue_stage_insert", schema, table))
+    inserted = cur.rowcount
+    cur.execute(QUERIES["enqueue_stage_drop"])
     return EnqueueResult(inserted, len(specs) - inserted)
 
 
@@ -322,44 +340,112 @@ async def enqueue_many_async(
 ) -> EnqueueResult:
     """:func:`enqueue_many` on a ``psycopg.AsyncConnection``: the same statements and COPY
     text, awaited."""
+    cur = conn.cursor()
+    if conn.autocommit:
+        streamed = _streamable(jobs)
+        if isinstance(streamed, _Due):
+            async with conn.transaction():
+                async with cur.copy(_q("enqueue_copy_now", schema, table)) as copy:
+                    done = await _write_now_async(copy, streamed, text=_stock_text_copy(cur))
+                if streamed.rest is None:
+                    return EnqueueResult(done, 0)
+                rest = _bulk(streamed.rest)
+                assert rest is not None  # it holds the job that ended the COPY
+                result = await _write_bulk_async(cur, rest, schema, table)
+            return EnqueueResult(done + result.enqueued, result.skipped_duplicates)
+        jobs = streamed
     bulk = _bulk(jobs)
     if bulk is None:
         return EnqueueResult(0, 0)
-    specs = bulk.specs
-    cur = conn.cursor()
-    if bulk.path == "now":
-        text = _stock_text_copy(cur)
-        async with _atomic(conn), cur.copy(_q("enqueue_copy_now", schema, table)) as copy:
-            copy.set_types(_NOW_TYPES)
-            done = 0
-            if text:
-                chunks = _NowText(specs)
-                for chunk in chunks:
-                    await copy.write(chunk)
-                done = chunks.written
-            for s in islice(specs, done, None):
-                await copy.write_row(_now_row(s))
-        return EnqueueResult(len(specs), 0)
     async with _atomic(conn):
-        if bulk.path == "copy":
-            now = None
-            if bulk.needs_now:
-                await cur.execute(QUERIES["enqueue_now"])
-                now = await cur.fetchone()
-            async with cur.copy(_q(bulk.copy_statement, schema, table)) as copy:
-                copy.set_types(bulk.copy_types)
-                for r in bulk.rows(now[0] if now else None):
-                    await copy.write_row(r)
-            return EnqueueResult(len(specs), 0)
-        await cur.execute(QUERIES["enqueue_stage"])
-        async with cur.copy(QUERIES["enqueue_stage_copy"]) as copy:
-            copy.set_types(_STAGE_TYPES)
-            for r in bulk.stage_rows():
+        return await _write_bulk_async(cur, bulk, schema, table)
+
+
+async def _write_bulk_async(cur: psycopg.AsyncCursor[Any], bulk: _Bulk, schema: str,
+                            table: str) -> EnqueueResult:
+    """:func:`_write_bulk` on an async cursor."""
+    specs = bulk.specs
+    if bulk.path == "now":
+        async with cur.copy(_q("enqueue_copy_now", schema, table)) as copy:
+            await _write_now_async(copy, specs, text=_stock_text_copy(cur))
+        return EnqueueResult(len(specs), 0)
+    if bulk.path == "copy":
+        now = None
+        if bulk.needs_now:
+            await cur.execute(QUERIES["enqueue_now"])
+            now = await cur.fetchone()
+        async with cur.copy(_q(bulk.copy_statement, schema, table)) as copy:
+            copy.set_types(bulk.copy_types)
+            for r in bulk.rows(now[0] if now else None):
                 await copy.write_row(r)
-        await cur.execute(_q("enqueue_stage_insert", schema, table))
-        inserted = cur.rowcount
-        await cur.execute(QUERIES["enqueue_stage_drop"])
+        return EnqueueResult(len(specs), 0)
+    await cur.execute(QUERIES["enqueue_stage"])
+    async with cur.copy(QUERIES["enqueue_stage_copy"]) as copy:
+        copy.set_types(_STAGE_TYPES)
+        for r in bulk.stage_rows():
+            await copy.write_row(r)
+    await cur.execute(_q("enqueue_stage_insert", schema, table))
+    inserted = cur.rowcount
+    await cur.execute(QUERIES["enqueue_stage_drop"])
     return EnqueueResult(inserted, len(specs) - inserted)
+
+
+# -- jobs due now, checked as the COPY pulls them ---------------------------------------------
+
+_END: Any = object()
+
+
+def _streamable(jobs: Iterable[JobSpec | Mapping[str, Any]]
+                ) -> _Due | Iterable[JobSpec | Mapping[str, Any]]:
+    """A :class:`_Due` over ``jobs`` when they can be checked while the COPY runs (no
+    trace context, a first job due now without a dedup_key); else the jobs, for
+    :func:`_bulk` (the first one, already read, put back in front).
+
+    Only on an autocommit connection, where enqueue_many opens the transaction: a bad job
+    met once rows were sent aborts the COPY and rolls that transaction back, so nothing is
+    written and the caller gets the same ValueError as before. In the caller's transaction
+    the whole batch is still checked before anything is sent (an aborted COPY would leave
+    the caller's transaction failed).
+    """
+    it = iter(jobs)
+    first = next(it, _END)
+    if first is _END:
+        return ()
+    spec = first if type(first) is JobSpec else _spec(first)
+    if spec.run_at is not None or spec.dedup_key is not None or _trace_context() is not None:
+        return chain((spec,), it)
+    return _Due(spec, it)
+
+
+class _Due:
+    """The caller's jobs due now, each checked as it is read (a mapping made a JobSpec),
+    for the COPY of :func:`_write_now`: the batch is never held in a list of its own, and
+    building it (a generator of JobSpecs) overlaps with the server inserting the rows.
+
+    Iteration stops at the first job with a run_at or a dedup_key: ``rest`` is then that
+    job followed by those not read yet, for :func:`_bulk` in the same transaction. A bad
+    job raises the ValueError that names it.
+    """
+
+    __slots__ = ("first", "jobs", "rest")
+
+    def __init__(self, first: JobSpec, jobs: Iterator[JobSpec | Mapping[str, Any]]) -> None:
+        _check(first.queue, first.max_attempts)
+        self.first = first
+        self.jobs = jobs
+        self.rest: Iterator[JobSpec | Mapping[str, Any]] | None = None
+
+    def __iter__(self) -> Iterator[JobSpec]:
+        yield self.first
+        jobs = self.jobs
+        for j in jobs:
+            s = j if type(j) is JobSpec else _spec(j)
+            if not s.queue or s.max_attempts < 1:
+                _check(s.queue, s.max_attempts)  # raises the ValueError that names it
+            if s.run_at is not None or s.dedup_key is not None:
+                self.rest = chain((s,), jobs)
+                return
+            yield s
 
 
 # -- the COPY text of jobs due now, written without psycopg's per-row formatting -------------
@@ -421,21 +507,53 @@ def _now_row(s: JobSpec) -> tuple[Any, ...]:
     return (s.queue, Jsonb(s.payload), s.priority, s.max_attempts)
 
 
-def _write_now(copy: psycopg.Copy, specs: Sequence[JobSpec], *, text: bool) -> None:
+def _write_now(copy: psycopg.Copy, specs: Iterable[JobSpec], *, text: bool) -> int:
     """COPY rows of (queue, payload, priority, max_attempts): the text of :class:`_NowText`
     up to the first row that needs psycopg's own formatting; ``write_row`` takes that row
-    and the rest. (The async twin is inline in :func:`enqueue_many_async`.)
+    and the rest. Returns how many rows were written.
     """
     copy.set_types(_NOW_TYPES)
-    done = _write_now_text(copy, specs) if text else 0
-    write = copy.write_row
-    for s in islice(specs, done, None):
-        write(_now_row(s))
+    rows = iter(specs)
+    done = 0
+    if text:
+        chunks = _NowText(rows)
+        write = copy.write
+        for chunk in chunks:
+            write(chunk)
+        done = chunks.written
+        if chunks.stopped is None:
+            return done
+        rows = chain((chunks.stopped,), rows)
+    write_row = copy.write_row
+    for s in rows:
+        write_row(_now_row(s))
+        done += 1
+    return done
 
 
-def _write_now_text(copy: psycopg.Copy, specs: Sequence[JobSpec]) -> int:
+async def _write_now_async(copy: psycopg.AsyncCopy, specs: Iterable[JobSpec], *,
+                           text: bool) -> int:
+    """:func:`_write_now` on an async COPY: the same chunks and rows."""
+    copy.set_types(_NOW_TYPES)
+    rows = iter(specs)
+    done = 0
+    if text:
+        chunks = _NowText(rows)
+        for chunk in chunks:
+            await copy.write(chunk)
+        done = chunks.written
+        if chunks.stopped is None:
+            return done
+        rows = chain((chunks.stopped,), rows)
+    for s in rows:
+        await copy.write_row(_now_row(s))
+        done += 1
+    return done
+
+
+def _write_now_text(copy: psycopg.Copy, specs: Iterable[JobSpec]) -> int:
     """Write the chunks of :class:`_NowText`; returns how many rows they held."""
-    chunks = _NowText(specs)
+    chunks = _NowText(iter(specs))
     write = copy.write
     for chunk in chunks:
         write(chunk)
@@ -449,21 +567,22 @@ class _NowText:
     chunks of ``_CHUNK_ROWS``, for less than half its CPU time on small payloads (one
     JSON encoder for the batch, no per-field dumper calls). It stops at the first row it
     cannot format exactly so (a queue that is not a str, a priority or max_attempts that
-    is not an int, ...); ``written`` then says how many rows were yielded, for
-    ``write_row`` to take that row and the rest, with psycopg's own checks and errors.
-    The sync and the async ``enqueue_many`` write the same chunks.
+    is not an int, ...): ``written`` then says how many rows were yielded and ``stopped``
+    holds that row, for ``write_row`` to take it and the rest of ``rows``, with psycopg's
+    own checks and errors. The sync and the async ``enqueue_many`` write the same chunks.
     """
 
-    __slots__ = ("specs", "written")
+    __slots__ = ("rows", "stopped", "written")
 
-    def __init__(self, specs: Sequence[JobSpec]) -> None:
-        self.specs = specs
+    def __init__(self, rows: Iterable[JobSpec]) -> None:
+        self.rows = iter(rows)  # one iterator: each chunk goes on where the last stopped
         self.written = 0
+        self.stopped: JobSpec | None = None
 
     def __iter__(self) -> Iterator[str]:
         dumps = _json_encoder()
         fields: dict[str, str | None] = {}  # queue -> _queue_field(queue)
-        rows = iter(self.specs)
+        rows = self.rows
         while True:
             lines: list[str] = []
             append = lines.append
@@ -476,6 +595,7 @@ class _NowText:
                         field = fields[queue] = _queue_field(queue)
                 if (field is None or type(priority) is not int
                         or type(max_attempts) is not int):
+                    self.stopped = s
                     if lines:
                         self.written += len(lines)
                         yield "".join(lines)

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, overload
 
 from drainer.errors import ConfigError
+from drainer.queue_limits import Rate, parse_rate
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine, Iterable
@@ -313,6 +314,8 @@ class Task:
     retry_on: tuple[type[BaseException], ...] | None = None
     discard_on: tuple[type[BaseException], ...] = ()
     max_running: int | None = None
+    #: At most this many jobs of the queue claimed in any period (drainer.queue_limits).
+    rate_limit: Rate | None = None
 
     def discards(self, exc: BaseException) -> bool:
         """Whether a failure with ``exc`` fails the job at once (no retry)."""
@@ -360,6 +363,7 @@ class Registry:
         retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
         max_running: int | None = None,
+        rate_limit: str | Rate | None = None,
     ) -> Callable[[Callable[[Job], R]], TaskHandler[R]]:
         """Register the decorated function as the handler of ``queue``.
 
@@ -381,6 +385,15 @@ class Registry:
             raise ValueError(f"task {queue!r}: max_running must be at least 1")
         if max_running is not None and transaction:
             raise ValueError(f"task {queue!r}: max_running does not apply to transaction=True")
+        rate = None
+        if rate_limit is not None:
+            try:
+                rate = parse_rate(rate_limit)
+            except ValueError as exc:
+                raise ValueError(f"task {queue!r}: {exc}") from None
+            if transaction:
+                raise ValueError(f"task {queue!r}: rate_limit does not apply to "
+                                 "transaction=True")
         if retry is not None and not isinstance(retry, Retry):
             raise TypeError(f"task {queue!r}: retry= takes a drainer.Retry(...)")
         retry_types = None if retry_on is None else _types(queue, "retry_on", retry_on)
@@ -397,7 +410,7 @@ class Registry:
             if transaction and inspect.iscoroutinefunction(func):
                 raise ValueError(f"task {queue!r}: transaction=True needs a sync handler")
             self.tasks[queue] = Task(queue, func, timeout, lease, max_attempts, transaction,
-                                     retry, retry_types, discard_types, max_running)
+                                     retry, retry_types, discard_types, max_running, rate)
             if definition is not None and self.schedules.get(definition.key) != definition:
                 self.add_recurring(definition)
             # The producers are attributes of the function itself: calling it, inspecting
@@ -478,7 +491,19 @@ def load_app(module: str) -> None:
         where = _where_it_failed(exc)
         raise ConfigError(
             f"cannot import app module {module!r}: {where}{type(exc).__name__}: {detail}"
+            f"{_module_hint(module, exc)}"
         ) from None
+
+
+def _module_hint(module: str, exc: Exception) -> str:
+    """A file path given where a module name goes (``--app tasks.py``): say so."""
+    if not (module.endswith(".py") or "/" in module or "\\" in module):
+        return ""
+    if isinstance(exc, ModuleNotFoundError) and exc.name and not module.startswith(exc.name):
+        return ""  # a dependency of the app is missing, not the app itself
+    parts = module.removesuffix(".py").replace("\\", "/").split("/")
+    name = ".".join(p for p in parts if p not in ("", ".", ".."))
+    return f" (--app takes a module name, as `python -m` does: {name!r}, not a file path)"
 
 
 def _where_it_failed(exc: BaseException) -> str:

@@ -1,22 +1,31 @@
-"""``drainer serve``: an HTTP trigger that runs coalesced drains; no connection while idle."""
+"""``drainer serve``: an HTTP trigger that runs coalesced drains; no connection while idle.
+
+What a trigger does: :class:`Coalescer` (one drain running, at most one queued), the
+drain it runs, the server it is served by (:func:`make_server`, :func:`serve_until`) and
+the trigger's settings. The HTTP side (connections, parsing, routes, :class:`HttpHost`)
+is drainer/_http.py."""
 
 from __future__ import annotations
 
-import hmac
-import io
-import json
 import logging
-import socket
 import threading
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
 
+# the HTTP side, importable from here as before the split
+from drainer._http import DISCARD_LIMIT_BYTES as DISCARD_LIMIT_BYTES
+from drainer._http import EVICT_WAIT_S as EVICT_WAIT_S
+from drainer._http import HEADER_DEADLINE_S as HEADER_DEADLINE_S
+from drainer._http import MAX_BODY_BYTES as MAX_BODY_BYTES
+from drainer._http import MAX_CONNECTIONS as MAX_CONNECTIONS
+from drainer._http import REQUEST_TIMEOUT_S as REQUEST_TIMEOUT_S
+from drainer._http import Closed as Closed
+from drainer._http import HttpHost as HttpHost
+from drainer._http import Server as Server
 from drainer._redact import redact
 from drainer.errors import ConfigError, DrainerError
 
@@ -25,21 +34,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Largest request body accepted (POST /drain needs none); larger ones get 413.
-MAX_BODY_BYTES = 16 * 1024
-#: Oversized bodies up to this size are read and dropped so the client sees the 413
-#: instead of a connection reset; beyond it the connection is closed at once.
-DISCARD_LIMIT_BYTES = 1024 * 1024
 #: Finished runs kept for GET /runs/<id>.
 KEEP_RUNS = 100
-#: Seconds a client may take to send its request (socket timeout of each read).
-REQUEST_TIMEOUT_S = 15.0
-#: Seconds a client has to send the request line and all its headers, in total: a client
-#: that trickles a byte at a time (slowloris) is cut off here, not after 15 s a byte.
-HEADER_DEADLINE_S = 10.0
-#: Connections served at once (one thread each); more are answered 503 and closed at
-#: once, without a thread, so slow or idle connections cannot pile up threads.
-MAX_CONNECTIONS = 64
 #: Shortest DRAINER_TRIGGER_TOKEN serve and schedule --listen accept.
 MIN_TOKEN_LENGTH = 16
 #: Port when neither --port nor $PORT is given (Cloud Run's default).
@@ -90,10 +86,6 @@ def _iso(t: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
-class Closed(Exception):
-    """The server is shutting down: no new drains."""
-
-
 class Coalescer:
     """One drain running, at most one queued behind it; later triggers join the queued one.
 
@@ -107,6 +99,7 @@ class Coalescer:
         self._drain = drain
         self._on_request = on_request
         self._keep = keep
+        self.keep = keep
         self._lock = threading.Lock()
         self.running: Run | None = None
         self.queued: Run | None = None
@@ -208,209 +201,6 @@ class Coalescer:
             thread.join(timeout)
 
 
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-         b"Content-Length: 39\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
-         b'{"error": "too many open connections"}\n')
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # socketserver's default backlog of 5 drops a burst of triggers' SYNs (clients then
-    # retry after 1 s); a burst of producers committing at once is the normal case here.
-    request_queue_size = 128
-
-    def __init__(self, address: tuple[str, int], coalescer: Coalescer,
-                 token: str | None, max_connections: int | None = None) -> None:
-        super().__init__(address, _Handler)
-        self.coalescer = coalescer
-        self.expected = None if token is None else f"Bearer {token}".encode()
-        self.max_connections = max_connections or MAX_CONNECTIONS
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-        self.refused = 0
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """A thread for the connection while fewer than ``max_connections`` are open;
-        else 503 and close, from the accepting thread (no thread started)."""
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            try:
-                request.setblocking(False)
-                request.send(_BUSY)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
-class _DeadlineReader(io.RawIOBase):
-    """The socket's reads, each bounded by what is left until ``deadline`` (monotonic):
-    a total limit on the request line and headers, however slowly they trickle in."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.deadline: float | None = None
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("request headers took too long")
-            self.sock.settimeout(min(left, REQUEST_TIMEOUT_S))
-        else:
-            self.sock.settimeout(REQUEST_TIMEOUT_S)
-        return self.sock.recv_into(buffer)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "drainer"
-    sys_version = ""
-    timeout = REQUEST_TIMEOUT_S  # a client that sends nothing does not hold a thread forever
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("%s %s", self.address_string(), format % args)
-
-    def setup(self) -> None:
-        super().setup()
-        self._reader = _DeadlineReader(self.connection)
-        self.rfile = io.BufferedReader(self._reader)
-
-    def handle_one_request(self) -> None:
-        # the request line and headers of each request (also the next one on a kept-alive
-        # connection) within HEADER_DEADLINE_S in total; a body gets the per-read timeout
-        self._reader.deadline = time.monotonic() + HEADER_DEADLINE_S
-        try:
-            super().handle_one_request()
-        except TimeoutError:
-            self.close_connection = True
-
-    def parse_request(self) -> bool:
-        ok = super().parse_request()
-        self._reader.deadline = None  # the headers are in
-        return ok
-
-    # -- responses --------------------------------------------------------------------------------
-    def _send(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
-              ) -> None:
-        data = (json.dumps(body) + "\n").encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", "no-store")
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def _authorized(self) -> bool:
-        expected = self.server.expected
-        if expected is None:
-            return True
-        given = self.headers.get("Authorization", "").encode("utf-8", "replace")
-        return hmac.compare_digest(given, expected)
-
-    def _read_body(self) -> bool:
-        """Read (and drop) the body; False when a 4xx was sent instead."""
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            self._send(411, {"error": "send a Content-Length (chunked bodies are refused)"})
-            return False
-        raw = self.headers.get("Content-Length") or "0"
-        try:
-            length = int(raw)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            self.close_connection = True
-            self._send(400, {"error": "bad Content-Length"})
-            return False
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True
-            if length <= DISCARD_LIMIT_BYTES:
-                self.rfile.read(length)
-            self._send(413, {"error": f"body too large (at most {MAX_BODY_BYTES} bytes)"})
-            return False
-        if length:
-            self.rfile.read(length)
-        return True
-
-    # -- routes -----------------------------------------------------------------------------------
-    def do_GET(self) -> None:
-        path = urlsplit(self.path).path
-        if path == "/healthz":
-            # Answered from the process: a health check that queried the database would
-            # keep a suspendable compute awake.
-            self._send(200, {"status": "ok", **self.server.coalescer.state()})
-        elif path.startswith("/runs/"):
-            if not self._authorized():
-                self._unauthorized()
-                return
-            run = self.server.coalescer.get(path[len("/runs/"):])
-            if run is None:
-                self._send(404, {"error": f"no such run (the last {KEEP_RUNS} are kept)"})
-            else:
-                self._send(200 if run.finished.is_set() else 202, run.as_dict())
-        elif path == "/drain":
-            self._send(405, {"error": "use POST /drain"}, {"Allow": "POST"})
-        else:
-            self._send(404, {"error": "not found"})
-
-    do_HEAD = do_GET
-
-    def do_POST(self) -> None:
-        parts = urlsplit(self.path)
-        if parts.path != "/drain":
-            self.close_connection = True
-            self._send(404, {"error": "not found"})
-            return
-        if not self._authorized():
-            self._unauthorized()
-            return
-        if not self._read_body():
-            return
-        try:
-            run, joined = self.server.coalescer.request()
-        except Closed:
-            self._send(503, {"error": "shutting down"}, {"Retry-After": "1"})
-            return
-        wait = parse_qs(parts.query).get("wait", ["0"])[-1].lower() in {"1", "true", "yes"}
-        if wait:
-            # For platforms that stop an instance's CPU (or the instance) once no request
-            # is open: hold this request until the drain ends.
-            run.finished.wait()
-            self._send(200, run.as_dict())
-            return
-        self._send(202, {"run_id": run.id, "status": run.status, "coalesced": joined},
-                   {"Location": f"/runs/{run.id}"})
-
-    def do_PUT(self) -> None:
-        self.close_connection = True
-        self._send(404 if urlsplit(self.path).path != "/drain" else 405,
-                   {"error": "not found"}, {"Allow": "POST"})
-
-    do_DELETE = do_PATCH = do_PUT
-
-    def _unauthorized(self) -> None:
-        self.close_connection = True
-        self._send(401, {"error": "missing or wrong bearer token"},
-                   {"WWW-Authenticate": 'Bearer realm="drainer"'})
-
 
 def drain_func(settings: Settings) -> DrainFunc:
     """The drain each POST /drain runs: :func:`drainer.drain.run_once` with the stop event."""
@@ -425,7 +215,7 @@ def drain_func(settings: Settings) -> DrainFunc:
 
 def make_server(settings: Settings, host: str, port: int, *, token: str | None,
                 drain: DrainFunc | None = None,
-                on_request: Callable[[], None] | None = None) -> _Server:
+                on_request: Callable[[], None] | None = None) -> Server:
     """The HTTP server, bound and ready for ``serve_forever`` (used by tests too).
 
     ``drainer schedule --listen`` uses it too, with its own ``drain`` (which waits for a
@@ -434,71 +224,14 @@ def make_server(settings: Settings, host: str, port: int, *, token: str | None,
     """
     coalescer = Coalescer(drain or drain_func(settings), on_request=on_request)
     try:
-        return _Server((host, port), coalescer, token)
+        return Server((host, port), coalescer, token)
     except OSError as exc:
         raise DrainerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-class HttpHost:
-    """The HTTP side of ``drainer serve`` and ``drainer schedule --listen``, one shutdown order.
-
-    :meth:`start` serves a bound server on its own thread and logs where. Leaving the
-    ``with`` block shuts down in this order: stop accepting requests and release the port,
-    refuse new drains (a queued one is cancelled, the running one is asked to stop through
-    its stop event), then wait up to ``grace`` + 60 s for the running drain to finish or
-    release its jobs. :meth:`close` does the first part early, for a caller that has its
-    own work to end before the wait (the scheduler's run in progress).
-    """
-
-    def __init__(self, server: _Server | None, *, name: str, grace: float = 0.0) -> None:
-        self.server = server
-        self._name = name
-        self._wait_s = grace + 60
-        self._closed = False
-
-    @classmethod
-    def nothing(cls) -> HttpHost:
-        """A host with no server (``drainer schedule`` without ``--listen``)."""
-        return cls(None, name="none")
-
-    @property
-    def started(self) -> int:
-        """Drains started through POST /drain."""
-        return 0 if self.server is None else self.server.coalescer.started
-
-    def start(self, note: str, on_listening: Callable[[str, int], None] | None = None
-              ) -> tuple[str, int]:
-        """Serve on a thread; log ``listening on ...; <note>``; return the bound address."""
-        assert self.server is not None
-        host, port = self.server.server_address[:2]
-        assert isinstance(host, str)
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
-                         name=self._name, daemon=True).start()
-        logger.info("listening on http://%s:%d (POST /drain, GET /healthz, GET /runs/<id>); "
-                    "%s", host, port, note, extra={"port": port})
-        if on_listening is not None:
-            on_listening(host, port)
-        return host, port
-
-    def close(self) -> None:
-        """Stop accepting, release the port, start no new drain (the running one goes on)."""
-        if self.server is None or self._closed:
-            return
-        self._closed = True
-        self.server.shutdown()
-        self.server.server_close()
-        self.server.coalescer.shutdown(timeout=0)
-
-    def __enter__(self) -> HttpHost:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-        if self.server is not None:
-            self.server.coalescer.shutdown(timeout=self._wait_s)
 
 
-def serve_until(server: _Server, stop: threading.Event, *, grace: float, note: str,
+def serve_until(server: Server, stop: threading.Event, *, grace: float, note: str,
                 on_listening: Callable[[str, int], None] | None = None) -> int:
     """Serve POST /drain until ``stop`` is set, shut down in order; return drains started.
 

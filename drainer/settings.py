@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BeforeValidator,
     Field,
@@ -25,12 +26,13 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from drainer._redact import password_of, redact, remember_secret
 from drainer.errors import ConfigError
+from drainer.queue_limits import check_max_running, check_rate_limit, split_pairs
 
 #: Idle timeout (seconds) after which each platform suspends a compute with no activity.
 PLATFORM_IDLE_TIMEOUTS: dict[str, float] = {
     "neon": 300.0,  # Neon: 5 minutes by default
     "aurora": 300.0,  # Aurora Serverless v2 at 0 ACU: SecondsUntilAutoPause default
-    "relyt": 600.0,  # the Japanese article's platform: about 10 minutes
+    "relyt": 600.0,  # Relyt One, the platform of 'Postgres as a job queue': ~10 min
     "supabase": 300.0,  # branches / self-hosted scale-to-zero: set --idle-timeout to yours
     "always-on": 0.0,  # a compute that never suspends
 }
@@ -98,6 +100,11 @@ DEFAULT_MAX_SLEEP_S = 6 * 3600.0  # schedule --wake-policy known-work: the safet
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 QueueList = Annotated[list[str] | None, BeforeValidator(split_list)]
+#: Per-queue limits: QUEUE=VALUE items, from "a=3,b=1", repeated flags or a pyproject table.
+QueueMaxRunning = Annotated[list[str] | None, BeforeValidator(split_pairs),
+                            AfterValidator(check_max_running)]
+QueueRateLimit = Annotated[list[str] | None, BeforeValidator(split_pairs),
+                           AfterValidator(check_rate_limit)]
 #: A log level in any case (DRAINER_LOG_LEVEL=debug, as --log-level debug).
 LogLevel = Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"],
                      BeforeValidator(lambda v: v.upper() if isinstance(v, str) else v)]
@@ -252,6 +259,23 @@ class Settings(BaseSettings):
         "retry or snooze of its own that is due that soon, and runs it in the same wake "
         "(0: off; the next wake runs it).",
         "run", ge=0,
+    )
+    max_running: QueueMaxRunning = _opt(
+        None,
+        "Per-queue concurrency limits across all drainers, QUEUE=N: at most N jobs of the "
+        "queue running at once. Repeat the flag or separate with commas (emails=3,slow=1). "
+        "Overrides the task's max_running; `drainer limit` overrides this.",
+        "run",
+        json_schema_extra={"metavar": "QUEUE=N"},
+    )
+    rate_limit: QueueRateLimit = _opt(
+        None,
+        "Per-queue rate limits across all drainers, QUEUE=COUNT/PERIOD: at most COUNT jobs "
+        "of the queue claimed in any PERIOD (emails=10/m, api=5/s). Repeat the flag or "
+        "separate with commas. Overrides the task's rate_limit; `drainer limit` overrides "
+        "this.",
+        "run",
+        json_schema_extra={"metavar": "QUEUE=RATE"},
     )
     result_max_bytes: int = _opt(
         64 * 1024,

@@ -132,6 +132,7 @@ def collect_status(settings: Settings, registry: Registry | None = None) -> dict
         "expired_leases": totals["expired_leases"],
         "next_due_at": min(nexts) if nexts else None,
         "paused_queues": {p["queue"]: p["paused_at"] for p in paused},
+        "queue_limits": _queue_limits(settings, registry, t.get("queue_limits") or []),
         "table_bytes": t.get("table_bytes"),
         "index_bytes": t.get("index_bytes"),
         "total_bytes": t.get("total_bytes"),
@@ -145,6 +146,33 @@ def collect_status(settings: Settings, registry: Registry | None = None) -> dict
         "recurring": series_status(t.get("recurring") or [], registry.schedules.values(),
                                    registry.tasks, datetime.now(timezone.utc)),
     }
+
+
+def _queue_limits(settings: Settings, registry: Registry,
+                  rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The per-queue limits in force, resolved as a drain resolves them (the operator's
+    rows, then the settings, then the tasks of --app when given), with the next slot of
+    a full rate window."""
+    from drainer import queue_limits as ql
+
+    controls = {r["queue"]: r for r in rows}
+    set_mr, set_rates = ql.setting_limits(settings.max_running, settings.rate_limit)
+    names = set(controls) | set(set_mr) | set(set_rates) | {
+        n for n, t in registry.tasks.items()
+        if t.max_running is not None or t.rate_limit is not None}
+    out = []
+    for name in sorted(names):
+        r = controls.get(name, {})
+        rate = None if r.get("rate_count") is None else ql.Rate(int(r["rate_count"]),
+                                                               float(r["rate_period_s"]))
+        task = registry.tasks.get(name)
+        resolved = ql.resolve(None if task is None else task.max_running,
+                              None if task is None else task.rate_limit,
+                              set_mr.get(name), set_rates.get(name),
+                              ql.Control(r.get("max_running"), rate))
+        out.append({"queue": name, **resolved.as_dict(),
+                    "rate_next_at": r.get("rate_next_at")})
+    return out
 
 
 def _round(value: Any) -> float | None:
@@ -182,6 +210,16 @@ def render_status(st: dict[str, Any]) -> str:
         lines.append("paused queues:   " + ", ".join(
             f"{name} (since {since})" for name, since in st["paused_queues"].items())
             + " (not claimed; jobs keep arriving: `drainer resume QUEUE`)")
+    for lim in st.get("queue_limits") or []:
+        parts = []
+        if lim["max_running"] is not None:
+            parts.append(f"max_running {lim['max_running']} ({lim['max_running_from']})")
+        if lim["rate_limit"] is not None:
+            parts.append(f"rate {lim['rate_limit']} ({lim['rate_limit_from']})")
+        if lim["rate_next_at"]:
+            parts.append(f"window full, next slot {lim['rate_next_at']}")
+        if parts:
+            lines.append(f"limits {lim['queue']}: " + "; ".join(parts))
     lines.append(f"expired leases:  {st['expired_leases']} (the next run's reaper returns them)")
     for name, q in st["queues"].items():
         if q["failed_errors"]:

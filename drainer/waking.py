@@ -69,10 +69,11 @@ def polls_faster_than_idle(period_s: float, idle: IdleTimeout, *,
                            inclusive: bool = False) -> bool:
     """Whether activity every ``period_s`` seconds keeps the compute awake all day.
 
-    The article's rule: any poll more often than the idle timeout keeps the compute up 24 h
-    a day. A compute that never suspends is always awake. ``inclusive`` counts a period
-    equal to the idle timeout as keeping it awake too (what ``drainer schedule`` refuses:
-    a wake exactly at the timeout finds the compute still up).
+    The rule of 'Postgres as a job queue': any poll more often than the idle timeout
+    keeps the compute up 24 h a day. A compute that never suspends is always awake.
+    ``inclusive`` counts a period equal to the idle timeout as keeping it awake too (what
+    ``drainer schedule`` refuses: a wake exactly at the timeout finds the compute still
+    up).
     """
     if idle.never_suspends:
         return True
@@ -98,8 +99,9 @@ def covered_seconds(starts: Iterable[float], length: float, window_start: float,
     """Length of the union of ``[s, s + length]`` for every start, clipped to the window.
 
     With ``length`` = drain time + idle timeout and the wake times as starts, this is how
-    long the compute stays up in the window by the article's rules (one wake keeps it up
-    while draining, then for the idle timeout; wakes closer than that merge).
+    long the compute stays up in the window by the rules of 'Postgres as a job queue'
+    (one wake keeps it up while draining, then for the idle timeout; wakes closer than
+    that merge).
     """
     total = 0.0
     cur_start: float | None = None

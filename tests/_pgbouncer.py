@@ -25,6 +25,9 @@ import pytest
 
 from tests.conftest import missing_component
 
+#: default_pool_size of the suite's PgBouncer: the server sessions one (database, user) gets.
+POOL_SIZE = 4
+
 PGBOUNCER = shutil.which("pgbouncer") or next(
     (p for p in ("/usr/sbin/pgbouncer", "/usr/local/sbin/pgbouncer") if os.path.exists(p)), None)
 
@@ -100,7 +103,7 @@ def pgbouncer(pg_url: str) -> Iterator[Bouncer]:
         "auth_type = trust\n"
         f"auth_file = {workdir / 'users.txt'}\n"
         "pool_mode = transaction\n"
-        "default_pool_size = 4\n"
+        f"default_pool_size = {POOL_SIZE}\n"
         "max_client_conn = 200\n"
         "server_reset_query =\n"
         f"{extra}"

@@ -95,6 +95,29 @@ def migrated(settings: Settings, conn: psycopg.Connection[Any]) -> Settings:
 
 
 @pytest.fixture
+def own_database_url(pg_url: str, schema: str) -> Iterator[str]:
+    """The URL of a database of the test's own, created empty and dropped after the test.
+
+    For what a schema does not isolate: LISTEN/NOTIFY channels (the product's channel is
+    one name per database, so another test's insert would wake this test's worker) and
+    whole-database views. Tests run in parallel (pytest-xdist), so they may overlap."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from psycopg.conninfo import make_conninfo
+
+    name = f"{schema}_db"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    if "://" in pg_url:  # a URL stays a URL (what DRAINER_DATABASE_URL users write)
+        yield urlunsplit(urlsplit(pg_url)._replace(path=f"/{name}"))
+    else:
+        yield make_conninfo(pg_url, dbname=name)
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))
+
+
+@pytest.fixture
 def registry() -> Registry:
     return Registry()
 

@@ -92,7 +92,8 @@ class _Repeats:
         return cls(period, going)
 
     def keeps_awake(self, idle: IdleTimeout) -> bool:
-        """The article's rule: a poll more often than the idle timeout keeps it up all day."""
+        """The rule of 'Postgres as a job queue': a poll more often than the idle timeout
+        keeps it up all day."""
         return (self.going and self.period is not None
                 and polls_faster_than_idle(self.period, idle))
 

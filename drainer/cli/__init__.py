@@ -52,6 +52,7 @@ _CONFIGURE = (
     jobs.configure_purge,
     jobs.configure_pause,
     jobs.configure_resume,
+    jobs.configure_limit,
 )
 assert len(_CONFIGURE) == len(_SCOPES)
 
@@ -117,8 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _unexpected(command: str, exc: Exception) -> int:
     import psycopg
 
-    from drainer.db import timeout_kind
+    from drainer.db import prepared_statement_clash, timeout_kind
 
+    clash = prepared_statement_clash(exc)
+    if clash is not None:  # through a pooler that does not track them: configuration
+        sys.stderr.write(f"drainer {command}: {redact(str(clash))}\n")
+        return clash.exit_code
     text = redact(" ".join(str(exc).split()) or type(exc).__name__)
     kind = timeout_kind(exc)
     if kind is not None:  # the server answered: a timeout is not a lost connection

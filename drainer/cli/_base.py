@@ -39,6 +39,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "purge": ("db",),
     "pause": ("db",),
     "resume": ("db",),
+    "limit": ("db",),
 }
 
 #: The help section of each settings scope.
@@ -81,7 +82,13 @@ def _is_duration(field: FieldInfo) -> bool:
     """A ``Seconds`` field (it parses 30s, 15m, 7d): shown as a duration in the help."""
     from drainer.settings import parse_duration
 
-    return any(getattr(m, "func", None) is parse_duration for m in field.metadata)
+    if any(getattr(m, "func", None) is parse_duration for m in field.metadata):
+        return True
+    # ``Seconds | None`` (--max-runtime, --job-timeout): the validator is inside the union
+    annotation: Any = field.annotation
+    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else ()
+    return any(getattr(m, "func", None) is parse_duration
+               for a in args for m in getattr(a, "__metadata__", ()))
 
 
 def choices_of(field: FieldInfo) -> tuple[str, ...]:
@@ -95,7 +102,7 @@ def choices_of(field: FieldInfo) -> tuple[str, ...]:
     return ()
 
 
-def _any_case(flag: str, choices: Sequence[str]) -> Callable[[str], str]:
+def any_case(flag: str, choices: Sequence[str]) -> Callable[[str], str]:
     """argparse ``type=``: a choice in any case (``--log-level debug``) as it is spelled."""
     by_lower = {c.lower(): c for c in choices}
 
@@ -160,10 +167,12 @@ def add_settings_flags(parser: argparse.ArgumentParser, scopes: Sequence[str]) -
                                default=argparse.SUPPRESS, help=help_text)
         elif kind == "list":
             group.add_argument(flag_of(name), dest=name, action="append",
-                               default=argparse.SUPPRESS, metavar="QUEUE", help=help_text)
+                               default=argparse.SUPPRESS, metavar=str(extra.get("metavar",
+                                                                                "QUEUE")),
+                               help=help_text)
         elif choices:
             group.add_argument(flag_of(name), dest=name, default=argparse.SUPPRESS,
-                               type=_any_case(flag_of(name), choices),
+                               type=any_case(flag_of(name), choices),
                                metavar="{" + ",".join(choices) + "}", help=help_text)
         else:
             # durations as DURATION (seconds, or 30s, 15m, 12h, 7d)

@@ -9,7 +9,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from drainer.cli._base import add_command
+from drainer.cli._base import add_command, any_case
 from drainer.cli._output import (
     JSON_HELP,
     emit,
@@ -231,7 +231,8 @@ def configure_jobs(sub: Any) -> None:
     p.add_argument("--queue", dest="job_queue", metavar="QUEUE", action="append",
                    help="Only jobs of these queues (repeat the flag or separate with commas, "
                    "as run-once's --queue).")
-    p.add_argument("--status", choices=STATUSES, help="Only jobs with this status.")
+    p.add_argument("--status", choices=STATUSES, type=any_case("--status", STATUSES),
+                   help="Only jobs with this status.")
     p.add_argument("--run", dest="run_id", metavar="RUN_ID",
                    help="Only jobs that this run (the run_id of its report) claimed last.")
     p.add_argument("--limit", type=positive_int, default=DEFAULT_LIST_LIMIT, metavar="N",
@@ -340,6 +341,7 @@ def configure_purge(sub: Any) -> None:
                         "DRAINER_ARCHIVE_BATCH_SIZE rows a statement. Queued and running "
                         "jobs are never purged. Prints the count."))
     p.add_argument("--status", required=True, choices=PURGEABLE,
+                   type=any_case("--status", PURGEABLE),
                    help="Which finished jobs: done, or failed (the dead-letter queue).")
     p.add_argument("--older-than", required=True, metavar="AGE",
                    help="Only jobs finished longer ago than this: seconds or 30s, 15m, "
@@ -396,4 +398,41 @@ def resume_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import render_counts, resume
 
     emit(resume(settings, args.queues), render_counts, as_json=args.json)
+    return 0
+
+
+# -- limit ----------------------------------------------------------------------------------------
+
+
+def configure_limit(sub: Any) -> None:
+    p = add_command(sub, "limit", "Set a queue's limits: max running, rate.",
+                    limit_command, description=(
+                        "An operator's per-queue limits, across all drainers, without a "
+                        "deploy: --max-running N (at most N jobs of the queue running at "
+                        "once) and --rate COUNT/PERIOD (at most COUNT claimed in any "
+                        "PERIOD: 10/m, 5/s, 100/h). They override --max-running / "
+                        "--rate-limit of the drainers and the task's, from each drainer's next "
+                        "run (a run reads them once, at its start; jobs already running "
+                        "finish). --clear drops the operator's limits (the setting's or the "
+                        "task's apply again). With no option, prints the queues' limits. "
+                        "`drainer status` lists them."))
+    p.add_argument("queues", metavar="QUEUE", nargs="+", help="The queues to limit.")
+    p.add_argument("--max-running", dest="limit_max_running", metavar="N",
+                   type=positive_int, help="At most N jobs of the queue running at once.")
+    p.add_argument("--rate", dest="limit_rate", metavar="COUNT/PERIOD",
+                   help="At most COUNT jobs claimed in any PERIOD (10/m, 5/s, 2/30s).")
+    p.add_argument("--clear", action="store_true",
+                   help="Drop the operator's max_running and rate of these queues.")
+    p.add_argument("--clear-max-running", action="store_true",
+                   help="Drop the operator's max_running only.")
+    p.add_argument("--clear-rate", action="store_true", help="Drop the operator's rate only.")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
+def limit_command(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.ops import limit, render_limits
+
+    emit(limit(settings, args.queues, max_running=args.limit_max_running,
+               rate=args.limit_rate, clear_max_running=args.clear or args.clear_max_running,
+               clear_rate=args.clear or args.clear_rate), render_limits, as_json=args.json)
     return 0

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from drainer import db, otel
+from drainer import db, otel, queue_limits
 from drainer._signals import on_stop_signals
 from drainer.drain import collector, transaction
 from drainer.drain import handlers as handler_calls
@@ -70,6 +70,7 @@ def run_once(
     started = time.monotonic()
     stop = stop or threading.Event()
     queues = resolve_queues(settings, registry)
+    set_max_running, set_rates = _setting_limits(settings, registry)
     if settings.max_runtime is not None:
         limit = started + settings.max_runtime
         deadline = limit if deadline is None else min(deadline, limit)
@@ -89,7 +90,7 @@ def run_once(
                 q = db.Queries(conn, settings.schema_name, settings.table)
                 # schema check, reap, which queues have due jobs and which are paused (the
                 # run's one lookup of them): one round trip
-                version, reaped, due, paused = q.run_start(
+                version, reaped, due, paused, controls = q.run_start(
                     queues, latest_version(),
                     [registry.tasks[name].max_attempts for name in queues])
                 check_version(q, version)
@@ -111,8 +112,10 @@ def run_once(
                         due = list(dict.fromkeys([*due, *schedules.queues_synced()]))
                 limits = Limits(stop, deadline, settings.max_jobs)
                 if report.queues:  # the queues drained (paused ones left out)
+                    tasks = _limited_tasks(registry, report, set_max_running, set_rates,
+                                           controls)
                     drain = parts["drain"] = _build(settings, registry, conn, q, report,
-                                                    limits, hurry, progress)
+                                                    limits, hurry, progress, tasks)
                     drain.claims.known_due(due)
                     if tracing is not None:
                         # every handler call of the process from now on runs in a job span
@@ -139,6 +142,9 @@ def run_once(
                     tracing.close()  # a drain-and-exit process: flush before it exits
         except Exception as exc:
             if watchdog is None or not watchdog.fired:
+                clash = db.prepared_statement_clash(exc)
+                if clash is not None:  # every entry point: exit 2, say what to set
+                    raise clash from None
                 raise
             # the watchdog cut the connections: what the run did is in the report
             report.stopped_by = report.stopped_by or MAX_RUNTIME
@@ -208,8 +214,10 @@ def _maintenance_timeout(settings: Settings, watchdog: Watchdog | None) -> float
 
 def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any],
            q: db.Queries, report: RunReport, limits: Limits, hurry: threading.Event,
-           progress: Callable[[RunReport], None] | None) -> Drain:
-    """The drain loop's parts, wired for one connection."""
+           progress: Callable[[RunReport], None] | None,
+           tasks: dict[str, Task] | None = None) -> Drain:
+    """The drain loop's parts, wired for one connection; ``tasks``: the served queues' tasks
+    with the run's limits in force (default: the registry's)."""
 
     def lease(task: Task) -> float:
         return task.lease if task.lease is not None else settings.lease
@@ -233,7 +241,7 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
 
     pipelined = db.ClaimPipeline.supported() and settings.pipeline_depth >= 2
     claims = Claims(q, db.ClaimPipeline(q) if pipelined else None, outcomes, report,
-                    registry.tasks, batch_size=settings.batch_size,
+                    tasks or registry.tasks, batch_size=settings.batch_size,
                     max_jobs=settings.max_jobs, depth=settings.pipeline_depth,
                     combine=not settings.delete_on_complete, lease=lease,
                     run_in_transaction=runner.run_batch, free_slots=free_slots,
@@ -277,6 +285,42 @@ def _maintain(settings: Settings, q: db.Queries, report: RunReport,
     report.n_dead_tup = vac.n_dead_tup
     report.last_autovacuum = _iso(vac.last_autovacuum)
     report.next_due_at = _iso(next_due)
+
+
+def _setting_limits(settings: Settings, registry: Registry
+                    ) -> tuple[dict[str, int], dict[str, queue_limits.Rate]]:
+    """--max-running / --rate-limit by queue; a queue without a handler (a misspelling) or
+    in transaction mode is a ConfigError, before anything connects."""
+    max_running, rates = queue_limits.setting_limits(settings.max_running, settings.rate_limit)
+    transactional = [name for name, t in registry.tasks.items() if t.transaction]
+    queue_limits.check_setting_queues(max_running, registry.tasks, transactional,
+                                      "--max-running / DRAINER_MAX_RUNNING")
+    queue_limits.check_setting_queues(rates, registry.tasks, transactional,
+                                      "--rate-limit / DRAINER_RATE_LIMIT")
+    return max_running, rates
+
+
+def _limited_tasks(registry: Registry, report: RunReport, max_running: dict[str, int],
+                   rates: dict[str, queue_limits.Rate],
+                   controls: dict[str, queue_limits.Control]) -> dict[str, Task]:
+    """The drained queues' tasks with the limits in force for this run (the operator's,
+    then the setting's, then the task's; see :mod:`drainer.queue_limits`), noted in the
+    report. An operator's limit on a transaction-mode queue cannot apply: a warning."""
+    tasks = dict(registry.tasks)
+    for name in report.queues:
+        task = tasks[name]
+        control = controls.get(name)
+        if task.transaction:
+            if control is not None:
+                logger.warning("queue %s: `drainer limit` does not apply to transaction=True "
+                               "tasks; ignored", name, extra={"run_id": report.run_id})
+            continue
+        resolved = queue_limits.resolve(task.max_running, task.rate_limit,
+                                        max_running.get(name), rates.get(name), control)
+        tasks[name] = queue_limits.with_limits(task, resolved)
+        if resolved.max_running is not None or resolved.rate is not None:
+            report.limits[name] = resolved.as_dict()
+    return tasks
 
 
 def _warn_unserved(report: RunReport, served: list[str]) -> None:

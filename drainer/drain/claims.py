@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -162,6 +163,13 @@ class Claims:
         # the report's finished count then; the drain claims again once it has finished
         # jobs since (it freed slots), instead of taking "nothing claimed" for "drained"
         self.capped_at: int | None = None
+        # rate-limited queues whose last claim left due jobs for a later slot: when the
+        # window next has room, and how many due jobs the claim left (the report's count)
+        self.rate_next: dict[str, datetime] = {}
+        self.rate_limited: dict[str, int] = {}
+        # the next slot each queue was claimed again for (once a slot: a clock running
+        # ahead of the database's never turns into a loop of empty claims)
+        self.rate_tried: dict[str, datetime] = {}
 
     # -- sizes and queues ---------------------------------------------------------------------
     def size(self, idx: int | None = None) -> int:
@@ -174,6 +182,8 @@ class Claims:
             batch = self.clock.adapted(batch, MAX_CLAIM)
         if self.room is not None and not task.transaction:
             batch = max(batch, min(MAX_CLAIM, self.room(task)))
+        if task.rate_limit is not None:  # only what starts at once: a slot is a start
+            batch = min(batch, self.start_now())
         return claim_size(batch, self.max_jobs, self.report.claimed,
                           sum(a.size for a in self.ahead))
 
@@ -231,10 +241,10 @@ class Claims:
 
     def _may_combine(self, idx: int) -> bool:
         """A queue whose claims may go with completions and ahead: not transaction mode,
-        not capped by max_running (its claim takes the queue's lock, in its own
-        transaction)."""
+        not capped by max_running nor rate-limited (its claim takes the queue's lock, in its
+        own transaction)."""
         task = self._task(idx)
-        return not task.transaction and task.max_running is None
+        return not task.transaction and task.max_running is None and task.rate_limit is None
 
     def known_due(self, names: list[str]) -> None:
         """The queues with due jobs, as read by the run's first statement: the first sweep
@@ -280,7 +290,9 @@ class Claims:
                 self._dry(idx)
                 continue
             sent = time.monotonic()
-            if task.max_running is not None:
+            if task.rate_limit is not None:
+                rows = self._claim_rated(task, size)
+            elif task.max_running is not None:
                 rows = self.q.claim_batch_capped(task.queue, size, self.lease(task),
                                                  task.max_running, start_now=self.start_now(),
                                                  run_id=self.report.run_id)
@@ -297,6 +309,35 @@ class Claims:
                 self._took(idx, size, len(rows))
                 return [(task, r) for r in rows], True
         return [], False
+
+    def _claim_rated(self, task: Task, size: int) -> list[db.ClaimedRow]:
+        """A rate-limited queue's claim; notes when its window next has room."""
+        assert task.rate_limit is not None
+        rows, next_at, limited = self.q.claim_batch_rated(
+            task.queue, size, self.lease(task), task.max_running, task.rate_limit,
+            start_now=self.start_now(), run_id=self.report.run_id)
+        if task.max_running is not None and len(rows) < size and not limited:
+            self.capped_at = self.report.finished  # short by the cap: slots free as jobs end
+        if limited and next_at is not None:
+            self.rate_next[task.queue] = next_at
+            self.rate_limited[task.queue] = limited
+        else:
+            self.rate_next.pop(task.queue, None)
+            self.rate_limited.pop(task.queue, None)
+        self.report.rate_limited = sum(self.rate_limited.values())
+        return rows
+
+    def next_rate_slot(self, now: datetime) -> datetime | None:
+        """The earliest next slot of a rate-limited queue whose last claim left due jobs."""
+        return min((t for t in self.rate_next.values() if t > now), default=None)
+
+    def rate_slot_open(self, now: datetime) -> bool:
+        """A rate-limited queue left due jobs and its window has room again by now: claim
+        again (once for each next slot)."""
+        opened = {q: t for q, t in self.rate_next.items()
+                  if t <= now and self.rate_tried.get(q) != t}
+        self.rate_tried.update(opened)
+        return bool(opened)
 
     def _dry(self, idx: int) -> None:
         if self.due is not None:

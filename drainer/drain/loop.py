@@ -130,7 +130,13 @@ class Drain:
         if self.phase is not Phase.CLAIMING or self.pending or self.claims.ahead:
             return False
         h = self.handlers
-        return h.concurrency == 1 or not h.in_flight() or h.room() >= self._refill_at()
+        return not self._refilling() or not h.in_flight() or h.room() >= self._refill_at()
+
+    def _refilling(self) -> bool:
+        """Claims wait for a share of free slots (:meth:`_refill_at`): concurrent handlers
+        on a queue whose claims carry completions (not transaction mode, max_running or
+        rate_limit: those claim in step, sized to the free handlers, as before)."""
+        return self.handlers.concurrency > 1 and self.claims._may_combine(self.claims.cursor)
 
     def _refill_at(self) -> int:
         """Concurrent handlers: free slots (of ``concurrency`` handlers and as many jobs
@@ -152,18 +158,25 @@ class Drain:
 
     def _again(self) -> bool:
         """Before exiting: claim again when follow-ups due now were just inserted (the
-        statement that inserted them could not claim them), or when a retry or snooze of
-        this drain is due within retry_linger seconds (waited for here: the compute is up
-        anyway, the next wake would cost a resume)."""
+        statement that inserted them could not claim them), when a rate-limited queue's
+        window has room again, or when a retry or snooze of this drain, or the next slot of
+        a rate-limited queue, is due within retry_linger seconds (waited for here: the
+        compute is up anyway, the next wake would cost a resume)."""
         if self.outcomes.followups_due:
             self.outcomes.followups_due = False
             return True
         if self.claims.freed_capped_slots():
             return True
+        now = datetime.now(timezone.utc)
+        if self.claims.rate_slot_open(now):  # a rate window has room again by now
+            return True
         if self.retry_linger <= 0:
             return False
-        now = datetime.now(timezone.utc)
-        due = self.outcomes.next_retry_at(now)
+        # a retry or snooze of this drain, or the next slot of a rate-limited queue it left
+        # due jobs on, whichever comes first
+        due = min((t for t in (self.outcomes.next_retry_at(now),
+                               self.claims.next_rate_slot(now)) if t is not None),
+                  default=None)
         if due is None:
             return False
         wait = (due - now).total_seconds()
@@ -296,7 +309,7 @@ class Drain:
         full = not self.pending or busy >= self.handlers.slots(self.pending[0])
         if busy and full and self.handlers.wait_sequential(0.05):
             self._collect(0)
-        elif busy and full and not self._claim_due():
+        elif busy and full and not (self._refilling() and self._claim_due()):
             self._collect(0.05, self._wanted(busy))
         else:
             self._collect(0)
@@ -309,7 +322,7 @@ class Drain:
         """How many outcomes to wait for (up to 50 ms) before the next step has work to do:
         with concurrent handlers, those that make a claim due, or in the drained tail a
         share of what runs; else the first."""
-        if self.handlers.concurrency == 1:
+        if not self._refilling():
             return 1
         if self.phase is Phase.CLAIMING and not self.pending and not self.claims.ahead:
             return max(1, self._refill_at() - self.handlers.room())

@@ -45,6 +45,13 @@ class RunReport:
     """Queues of this drain not claimed because an operator paused them."""
     lingered_s: float = 0.0
     """Time spent waiting in the drain's tail for retries due soon (retry_linger)."""
+    rate_limited: int = 0
+    """Due jobs of rate-limited queues left queued for a later slot by the last claim of
+    each such queue (up to 1000 a queue): the next wake, at the slot, runs them."""
+    limits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The limits in force on the drained queues that have any, and where each came from
+    (operator, setting or task): {queue: {max_running, max_running_from, rate_limit,
+    rate_limit_from}}."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from drainer.db import ClaimedRow
+from drainer.queue_limits import Rate
 
 
 class Statements(Protocol):
@@ -46,6 +47,11 @@ class Statements(Protocol):
     def claim_batch_capped(self, queue: str, batch_size: int, lease: float,
                            max_running: int, *, start_now: int | None = None,
                            run_id: str | None = None) -> list[ClaimedRow]: ...
+
+    def claim_batch_rated(self, queue: str, batch_size: int, lease: float,
+                          max_running: int | None, rate: Rate, *,
+                          start_now: int | None = None, run_id: str | None = None
+                          ) -> tuple[list[ClaimedRow], datetime | None, int]: ...
 
     def release_many(self, ids: Sequence[int], fences: Sequence[int]) -> set[int]: ...
 

@@ -94,6 +94,97 @@ WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT su
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
           j.locked_until, j.fence;
 
+-- name: claim_batch_rated
+-- A queue with a rate limit (issue 17), step 2 of its claim transaction, after
+-- queue_claim_lock (the same key as max_running's: one claim of the queue at a time across
+-- every drainer): claim_batch, at most rate_count minus the jobs claimed in the last
+-- rate_period seconds, and, when max_running is given (NULL: no cap), at most max_running
+-- minus the jobs running under a live lease, as claim_batch_capped.
+--
+-- The window is the queue's control row (rate_at, rate_n: when and how many, oldest first).
+-- Its clock is clock_timestamp() here, read once after the lock was ours (a claim that
+-- waited for the lock counts from when it got it, not from its transaction's start). The
+-- statement writes the window back: the claims still in it and this one, and rate_next_at,
+-- when the window is full, the instant enough of its oldest claims leave it to open a slot.
+-- Each claim asks for at most the jobs it starts at once (the drainer's free handlers), so
+-- a job's handler starts within the claim's round trip of the instant logged.
+--
+-- One row at least (a LEFT JOIN of the claimed rows onto the window's state): the claimed
+-- job's columns (id NULL: nothing claimed), then rate_next_at and rate_limited, the due jobs
+-- (counted up to count_limit) the rate left queued for a later slot.
+WITH clock AS MATERIALIZED (
+  SELECT clock_timestamp() AS t
+), win AS (
+  SELECT e.at, e.n
+  FROM {control} c, clock, unnest(c.rate_at, c.rate_n) AS e(at, n)
+  WHERE c.queue = %(queue)s AND e.at > clock.t - make_interval(secs => %(rate_period)s)
+), live AS (
+  SELECT count(*) AS n FROM {jobs}
+  WHERE %(max_running)s::bigint IS NOT NULL
+    AND queue = %(queue)s AND status = 'running' AND locked_until > now()
+), room AS (
+  SELECT greatest(0, least(%(batch_size)s::bigint,
+                           coalesce(%(max_running)s::bigint - (SELECT n FROM live),
+                                    %(batch_size)s::bigint))) AS capped,
+         greatest(0, %(rate_count)s::bigint - (SELECT coalesce(sum(n), 0) FROM win)) AS rate
+), next AS (
+  SELECT id, suspect FROM {jobs}
+  WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
+  ORDER BY priority DESC, run_at, id
+  LIMIT (SELECT least(capped, rate) FROM room)
+  FOR UPDATE SKIP LOCKED
+), ranked AS (
+  SELECT id, suspect, row_number() OVER () AS n FROM next
+), claimed AS (
+  UPDATE {jobs} j
+  SET status       = 'running',
+      attempts     = j.attempts + 1,
+      fence        = j.fence + 1,
+      charged      = j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s)),
+      suspect      = false,
+      run_id       = %(run_id)s,
+      locked_until = now() + make_interval(secs => %(lease)s)
+  WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
+  RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
+            j.locked_until, j.fence, j.trace_context
+), took AS (
+  SELECT count(*) AS n FROM claimed
+), due AS (
+  -- the statement's snapshot still sees the claimed rows queued: they are in this count
+  SELECT count(*) AS n FROM (
+    SELECT 1 FROM {jobs}
+    WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(count_limit)s) d
+), log AS (
+  SELECT at, n FROM win
+  UNION ALL
+  SELECT clock.t, took.n::int FROM clock, took WHERE took.n > 0
+), slot AS (
+  SELECT min(at) + make_interval(secs => %(rate_period)s) AS at
+  FROM (SELECT at, sum(n) OVER (ORDER BY at ROWS UNBOUNDED PRECEDING) AS cum,
+               sum(n) OVER () AS total
+        FROM log) l
+  WHERE total >= %(rate_count)s AND cum >= total - %(rate_count)s + 1
+), written AS (
+  INSERT INTO {control} (queue, rate_at, rate_n, rate_next_at)
+  SELECT %(queue)s,
+         coalesce((SELECT array_agg(at ORDER BY at) FROM log), '{{}}'),
+         coalesce((SELECT array_agg(n ORDER BY at) FROM log), '{{}}'),
+         (SELECT at FROM slot)
+  ON CONFLICT (queue) DO UPDATE
+  SET rate_at = EXCLUDED.rate_at, rate_n = EXCLUDED.rate_n,
+      rate_next_at = EXCLUDED.rate_next_at
+  RETURNING rate_next_at
+)
+SELECT c.id, c.queue, c.payload, c.attempts, c.max_attempts, c.priority, c.run_at,
+       c.locked_until, c.fence, c.trace_context,
+       (SELECT rate_next_at FROM written) AS rate_next_at,
+       CASE WHEN room.rate < room.capped
+            THEN greatest(0, (SELECT n FROM due) - (SELECT n FROM took)) ELSE 0 END
+         AS rate_limited
+FROM room LEFT JOIN claimed c ON true;
+
 -- name: complete_many
 -- A batch of jobs succeeded: one statement for all of them, each with what its handler
 -- returned (NULL for nothing). Returns the ids written.
@@ -337,7 +428,8 @@ RETURNING j.id, j.status, j.attempts;
 -- outdated table is not touched), and due_queues. Rows: ('version', version, NULL...),
 -- one ('reaped', id, status, attempts, queue) per reaped lease, one ('due', ..., queue)
 -- per queue with due jobs, in the given order, one ('paused', ..., queue) per served queue
--- an operator paused (`drainer pause`: the run's one lookup of them). A reaped job put back
+-- an operator paused (`drainer pause`: the run's one lookup of them), one ('limit', ...) per
+-- served queue an operator limited (`drainer limit`). A reaped job put back
 -- to queued makes its queue due (the CTE's snapshot does not see the update). A table older
 -- than migration 0004 has no control table: the statement fails and the drain asks
 -- schema_version alone, which tells it to migrate.
@@ -374,6 +466,14 @@ SELECT 'reaped', id, status, attempts, queue, 0 FROM reaped
 UNION ALL
 SELECT 'paused', NULL, NULL, NULL, c.queue, 0
 FROM {control} c WHERE c.paused AND c.queue = ANY (%(queues)s::text[])
+UNION ALL
+-- an operator's limits (`drainer limit`, migration 0007): id = max_running, attempts =
+-- rate_count, n = rate_period in microseconds (NULLs: not set)
+SELECT 'limit', c.max_running, NULL, c.rate_count, c.queue,
+       round(c.rate_period_s * 1000000)::bigint
+FROM {control} c
+WHERE (c.max_running IS NOT NULL OR c.rate_count IS NOT NULL)
+  AND c.queue = ANY (%(queues)s::text[])
 UNION ALL
 SELECT 'due', NULL, NULL, NULL, q.queue, q.n
 FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
@@ -412,7 +512,8 @@ INSERT INTO {archive} (id, queue, payload, status, run_at, attempts, max_attempt
 SELECT * FROM moved;
 
 -- name: queue_summary
--- What is left for the given queues after a drain: due now, and the next run_at to come;
+-- What is left for the given queues after a drain: due now, and the next run_at to come
+-- (a rate-limited queue's jobs: not before its next slot, rate_next_at);
 -- and, when `served` (every queue with a handler) is given, the jobs due on queues outside
 -- it, by queue: nothing will ever claim those (a misspelt queue name, a handler removed).
 -- Without `served` (NULL) the last part is a one-time filter that reads nothing.
@@ -429,10 +530,14 @@ WITH RECURSIVE queued_queues AS (
 )
 SELECT q.remaining_due, q.next_due_at, u.unserved_due
 FROM (
-  SELECT count(*) FILTER (WHERE run_at <= now()) AS remaining_due,
-         min(run_at) FILTER (WHERE run_at > now()) AS next_due_at
-  FROM {jobs}
-  WHERE status = 'queued' AND queue = ANY(%(queues)s)
+  -- a rate-limited queue whose window is full (rate_next_at ahead, migration 0007): its
+  -- jobs are due at the next slot, not before (one probe of the control table a queue)
+  SELECT count(*) FILTER (WHERE greatest(j.run_at, c.rate_next_at) <= now()) AS remaining_due,
+         min(greatest(j.run_at, c.rate_next_at))
+           FILTER (WHERE greatest(j.run_at, c.rate_next_at) > now()) AS next_due_at
+  FROM {jobs} j
+  LEFT JOIN {control} c ON c.queue = j.queue AND c.rate_next_at > now()
+  WHERE j.status = 'queued' AND j.queue = ANY(%(queues)s)
 ) q
 CROSS JOIN (
   SELECT jsonb_object_agg(queue, n) FILTER (WHERE n > 0) AS unserved_due
@@ -494,10 +599,14 @@ SELECT (SELECT count(*) FROM done_gone) AS archived_done,
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 CROSS JOIN (
-  SELECT count(*) FILTER (WHERE run_at <= now()) AS remaining_due,
-         min(run_at) FILTER (WHERE run_at > now()) AS next_due_at
-  FROM {jobs}
-  WHERE status = 'queued' AND queue = ANY(%(queues)s)
+  -- a rate-limited queue whose window is full (rate_next_at ahead, migration 0007): its
+  -- jobs are due at the next slot, not before (one probe of the control table a queue)
+  SELECT count(*) FILTER (WHERE greatest(j.run_at, c.rate_next_at) <= now()) AS remaining_due,
+         min(greatest(j.run_at, c.rate_next_at))
+           FILTER (WHERE greatest(j.run_at, c.rate_next_at) > now()) AS next_due_at
+  FROM {jobs} j
+  LEFT JOIN {control} c ON c.queue = j.queue AND c.rate_next_at > now()
+  WHERE j.status = 'queued' AND j.queue = ANY(%(queues)s)
 ) q
 CROSS JOIN (
   SELECT jsonb_object_agg(queue, n) FILTER (WHERE n > 0) AS unserved_due
@@ -620,13 +729,44 @@ UPDATE {control} SET paused = false, paused_at = NULL, updated_at = now()
 WHERE queue = ANY(%(queues)s) AND paused
 RETURNING queue;
 
+-- name: queue_limit
+-- `drainer limit QUEUE... --max-running N --rate COUNT/PERIOD`: the operator's limits of
+-- these queues, overriding the settings and the tasks, from each drainer's next run (a run
+-- reads them once, at its start). NULL leaves a limit as it is; clear_max_running /
+-- clear_rate drop the operator's (the setting's or the task's applies again). A changed
+-- rate forgets rate_next_at (computed under the old rate); the window's log is kept.
+INSERT INTO {control} (queue, max_running, rate_count, rate_period_s, updated_at)
+SELECT q, %(max_running)s::int, %(rate_count)s::int, %(rate_period)s::float8, now()
+FROM unnest(%(queues)s::text[]) AS q
+ON CONFLICT (queue) DO UPDATE
+SET max_running   = CASE WHEN %(clear_max_running)s THEN NULL
+                         ELSE coalesce(EXCLUDED.max_running, {control}.max_running) END,
+    rate_count    = CASE WHEN %(clear_rate)s THEN NULL
+                         ELSE coalesce(EXCLUDED.rate_count, {control}.rate_count) END,
+    rate_period_s = CASE WHEN %(clear_rate)s THEN NULL
+                         ELSE coalesce(EXCLUDED.rate_period_s, {control}.rate_period_s) END,
+    rate_next_at  = CASE WHEN %(clear_rate)s OR EXCLUDED.rate_count IS NOT NULL THEN NULL
+                         ELSE {control}.rate_next_at END,
+    updated_at    = now()
+RETURNING queue, max_running, rate_count, rate_period_s;
+
+-- name: queue_limits
+-- The operator's limits, and the rate windows' next slots, of every queue that has any
+-- (`drainer status`, `drainer limit` with no change).
+SELECT queue, max_running, rate_count, rate_period_s,
+       CASE WHEN rate_next_at > now() THEN rate_next_at END AS rate_next_at,
+       updated_at
+FROM {control}
+WHERE max_running IS NOT NULL OR rate_count IS NOT NULL OR rate_next_at > now()
+ORDER BY queue;
+
 -- name: status_table
 -- Size and vacuum state of the jobs table, and the sessions that matter for it: other
 -- drainer connections now, and the oldest open transaction in this database (it holds
 -- back VACUUM of every table, the jobs table first). And the recurring series (a JSON
 -- array, in the same statement so status stays four): every recurring_key in the table, its
 -- next occurrence (queued or running, the earliest) and its last finished one, both looked
--- up on the (recurring_key, scheduled_for) index; and the paused queues.
+-- up on the (recurring_key, scheduled_for) index; the paused queues and the limits.
 SELECT pg_total_relation_size(c.oid) AS total_bytes,
        pg_relation_size(c.oid) AS table_bytes,
        pg_indexes_size(c.oid) AS index_bytes,
@@ -656,7 +796,16 @@ SELECT pg_total_relation_size(c.oid) AS total_bytes,
        -- status stays four
        (SELECT coalesce(jsonb_agg(jsonb_build_object('queue', queue, 'paused_at', paused_at)
                                   ORDER BY queue), '[]'::jsonb)
-        FROM {control} WHERE paused) AS paused_queues
+        FROM {control} WHERE paused) AS paused_queues,
+       -- the operator's limits (`drainer limit`) and the full rate windows' next slots
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                  'queue', queue, 'max_running', max_running, 'rate_count', rate_count,
+                  'rate_period_s', rate_period_s,
+                  'rate_next_at', CASE WHEN rate_next_at > now() THEN rate_next_at END)
+                ORDER BY queue), '[]'::jsonb)
+        FROM {control}
+        WHERE max_running IS NOT NULL OR rate_count IS NOT NULL OR rate_next_at > now())
+         AS queue_limits
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = %(regclass)s::regclass;
@@ -690,12 +839,16 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: job_get
--- `drainer show`: one job, every column, the full last_error.
+-- `drainer show`: one job, every column, the full last_error; and, for a queued job of a
+-- rate-limited queue whose window is full, until when the rate holds it (the next slot).
 SELECT id, queue, status, payload, attempts, max_attempts, priority, run_at, locked_until,
        created_at, finished_at, dedup_key, last_error, result, run_id, fence, suspect,
        snoozes, snoozed_at,
-       (status = 'running' AND locked_until < now()) AS lease_expired
-FROM {jobs}
+       (status = 'running' AND locked_until < now()) AS lease_expired,
+       (SELECT c.rate_next_at FROM {control} c
+        WHERE c.queue = j.queue AND j.status = 'queued'
+          AND c.rate_next_at > greatest(j.run_at, now())) AS rate_limited_until
+FROM {jobs} j
 WHERE id = %(id)s;
 
 -- name: job_status_many

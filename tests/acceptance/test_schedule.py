@@ -159,10 +159,20 @@ def test_no_connection_between_runs(pg_url: str, jobs_schema: str,
         add(conn, schema, "sleepy", {"sleep": 0.5}, delay=delay)
     proc = start_schedule(pg_url, schema, "--interval", "2", "--idle-timeout", "1")
     seen: list[tuple[float, list[tuple[int, datetime]]]] = []
+
+    def third_run_over() -> bool:
+        """Three runs seen (one backend each), all three jobs done, no session left."""
+        return (len({b for _, sample in seen for b in sample}) >= 3 and not seen[-1][1]
+                and sum(1 for _, note in notes(conn, schema) if note == "end") >= 3)
+
     try:
-        until = time.monotonic() + 6.5
-        while time.monotonic() < until:
+        # sample until the third job's run has come and gone (not for a fixed time: a
+        # slow start-up under load would shift every run past a fixed window)
+        until = time.monotonic() + 60
+        while time.monotonic() < until and proc.poll() is None:
             seen.append((time.monotonic(), our_sessions(conn, schema)))
+            if third_run_over():
+                break
             time.sleep(0.05)
     finally:
         code, out, err = stop(proc)
@@ -292,8 +302,20 @@ def test_a_failing_run_does_not_stop_the_schedule() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "drainer", "schedule", "--interval", "1",
                              "--idle-timeout", "0.5"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(3.5)
-    code, out, err = stop(proc, sig=signal.SIGINT)
+    # SIGINT once two runs have failed (not after a fixed time: under load the start-up
+    # alone can take seconds, and a SIGINT before the handlers are set is a traceback)
+    assert proc.stderr is not None
+    lines: list[str] = []
+    until = time.monotonic() + 60
+    while time.monotonic() < until:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if sum(1 for r in log_lines("".join(lines)) if r["msg"].startswith("run failed")) >= 2:
+            break
+    code, out, rest = stop(proc, sig=signal.SIGINT)
+    err = "".join(lines) + rest
     assert code == 0, err
     assert any("received SIGINT" in r["msg"] for r in log_lines(err))
     failures = [r for r in log_lines(err) if r["msg"].startswith("run failed")]

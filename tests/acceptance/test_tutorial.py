@@ -75,6 +75,13 @@ def _check_tutorial_ran(proc: subprocess.CompletedProcess[str], tmp_path: Path) 
     assert [p.read_text() for p in outbox] == ["Welcome, ada@example.com!\n",
                                               "Welcome, grace@example.com!\n"]
     assert "Welcome, grace@example.com!" in proc.stdout  # `cat outbox/*.txt`
+    shows = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith('{"id": ')]
+    assert len(shows) == 1, proc.stdout  # `drainer show 1`
+    shown = shows[0]
+    assert shown["id"] == 1 and shown["payload"] == {"to": "ada@example.com"}, shown
+    assert shown["status"] == "done" and shown["run_id"] == report["run_id"], shown
+    assert '"level": "warning"' not in proc.stderr, proc.stderr
+    assert "never been seen" not in proc.stderr, proc.stderr  # enqueue --app: no warning
     assert "Traceback" not in proc.stderr
 
 

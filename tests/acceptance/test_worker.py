@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from drainer.migrate import install_notify_trigger
+from drainer.migrate import install_notify_trigger, migrate
 from drainer.settings import Settings
 from tests.acceptance._proc import DrainerProcess
 from tests.conftest import run_cli
@@ -142,27 +142,48 @@ def test_lost_listen_connection_still_picks_the_job_up(notify_trigger: Settings,
 
 
 def test_without_notifications_the_fallback_poll_backs_off_and_resets(
-        migrated: Settings, pg_url: str, conn: psycopg.Connection[Any],
-        cleanup: list[DrainerProcess]) -> None:
-    schema = migrated.schema_name  # no NOTIFY trigger: every notification is "lost"
-    proc = _start(pg_url, schema, conn, "--min-poll-interval", "0.2", "--max-poll-interval",
-                  "0.8", DRAINER_LOG_LEVEL="DEBUG")
-    cleanup.append(proc)
-    time.sleep(2.2)
-    job_id, committed = _enqueue(pg_url, schema, "noop")
-    _wait_for(lambda: _job(conn, schema, job_id)[0] == "done", 3, "a poll to find the job")
-    finished = _job(conn, schema, job_id)[1]
-    assert finished is not None and (finished - committed).total_seconds() < 1.0  # <= max
-    time.sleep(1.0)
-    assert proc.terminate() == 0
-    wakes = [(datetime.fromisoformat(r["ts"].replace("Z", "+00:00")), r["wake"])
-             for r in proc.logs if str(r.get("msg", "")).startswith("woke on ")]
-    assert [w for _, w in wakes[:3]] == ["start", "poll", "poll"], wakes
-    gaps = [(b - a).total_seconds() for (a, _), (b, _) in pairwise(wakes)]
-    # empty: 0.4, 0.8, 0.8 ... (doubling from 0.2, capped at 0.8); each gap also holds
-    # one drain's run time, hence the slack
+        pg_url: str, schema: str, own_database_url: str, cleanup: list[DrainerProcess]
+        ) -> None:
+    # a database of its own: NOTIFY channels are per database, and other tests' inserts
+    # (with the trigger) notify the same channel name; here no notification may come at all
+    db_url = own_database_url
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        migrate(conn, schema, "jobs")  # no NOTIFY trigger: every notification is "lost"
+        proc = _start(db_url, schema, conn, "--min-poll-interval", "0.2",
+                      "--max-poll-interval", "0.8", DRAINER_LOG_LEVEL="DEBUG")
+        cleanup.append(proc)
+
+        def wakes_now() -> list[tuple[datetime, str, datetime]]:
+            """Each wake: when its drain ended (its "woke on" line), why, and when it began
+            (less the drain's own duration_s, which is what grows under load)."""
+            found: list[tuple[datetime, str, datetime]] = []
+            took = 0.0
+            for r in list(proc.logs):
+                if r.get("msg") == "drain finished":
+                    took = float(r["duration_s"])
+                elif str(r.get("msg", "")).startswith("woke on "):
+                    at = datetime.fromisoformat(r["ts"].replace("Z", "+00:00"))
+                    found.append((at, r["wake"], at - timedelta(seconds=took)))
+            return found
+
+        # the start wake and three empty polls (0.4, 0.8, 0.8 s apart: the cap reached)
+        _wait_for(lambda: len(wakes_now()) >= 4, 15, "three empty polls")
+        job_id, committed = _enqueue(db_url, schema, "noop")
+        _wait_for(lambda: _job(conn, schema, job_id)[0] == "done", 3, "a poll to find the job")
+        finished = _job(conn, schema, job_id)[1]
+        assert finished is not None and (finished - committed).total_seconds() < 1.0  # <= max
+        # the poll that found the job and two after it (back to the minimum, doubling again)
+        _wait_for(lambda: sum(1 for at, _, _ in wakes_now() if at >= committed) >= 3, 5,
+                  "two polls after the one that found the job")
+        assert proc.terminate() == 0
+    wakes = wakes_now()
+    assert [w for _, w, _ in wakes[:3]] == ["start", "poll", "poll"], wakes
+    # the wait between one drain's end and the next one's start: the poll interval
+    gaps = [(b_began - a).total_seconds() for (a, _, _), (_, _, b_began) in pairwise(wakes)]
+    # empty: 0.4, 0.8, 0.8 ... (doubling from 0.2, capped at 0.8); from one drain's end to
+    # the next one's start, the slack is for the wake-up and the log lines only
     assert 0.35 <= gaps[0] <= 0.65 and 0.75 <= gaps[1] <= 1.05, gaps
-    found = next(i for i, (_, w) in enumerate(wakes) if w == "poll" and
+    found = next(i for i, (_, w, _) in enumerate(wakes) if w == "poll" and
                  wakes[i][0] >= committed.astimezone(wakes[i][0].tzinfo))
     after = gaps[found:]
     assert after and 0.15 <= after[0] <= 0.45, (found, gaps)  # work found: back to 0.2

@@ -5,16 +5,36 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from bench import plots
+from tests.bench.test_plots import check_charts
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def test_bench_smoke_prints_the_tables(pg_url: str, tmp_path: Path) -> None:
+@pytest.fixture
+def bench_db(pg_url: str) -> Iterator[str]:
+    """A database name of the test's own (the bench creates it): the two smoke tests use the
+    same schema names in it, and run at the same time under pytest-xdist; dropped after."""
+    name = f"drainer_bench_smoke_{uuid.uuid4().hex[:8]}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))
+
+
+def test_bench_smoke_prints_the_tables(pg_url: str, bench_db: str, tmp_path: Path) -> None:
     out = tmp_path / "smoke"
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--no-peers", "--server", pg_url,
-         "--database", "drainer_bench_smoke", "--only", "drain,cold,enqueue",
+         "--database", bench_db, "--only", "drain,cold,enqueue",
          "--output", str(out)],
         capture_output=True, text=True, timeout=240, cwd=ROOT,
     )
@@ -32,13 +52,18 @@ def test_bench_smoke_prints_the_tables(pg_url: str, tmp_path: Path) -> None:
         assert len(values) == 1, name
     assert results["cold"]["left"]["drainer run-once"] == [0]
     assert results["cold"]["connections"]["drainer run-once"] == [1]
+    # the docs' charts are drawn from this JSON as it is written now
+    assert plots.main([str(out.with_suffix(".json")), "--charts-only", "--out",
+                       str(tmp_path / "charts")]) == 0
+    check_charts(results, tmp_path / "charts")
 
 
-def test_bench_smoke_of_the_link_and_io_sections(pg_url: str, tmp_path: Path) -> None:
+def test_bench_smoke_of_the_link_and_io_sections(pg_url: str, bench_db: str,
+                                                 tmp_path: Path) -> None:
     out = tmp_path / "smoke-link"
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--no-peers", "--server", pg_url,
-         "--database", "drainer_bench_smoke", "--only", "link-drain,link-empty,io",
+         "--database", bench_db, "--only", "link-drain,link-empty,io",
          "--output", str(out)],
         capture_output=True, text=True, timeout=240, cwd=ROOT,
     )
@@ -69,3 +94,6 @@ def test_bench_smoke_of_the_link_and_io_sections(pg_url: str, tmp_path: Path) ->
     assert len(floors) == 2 and all(len(r["jobs_per_s"]) == 1 for r in floors), floors
     for row in io.values():
         assert len(row["jobs_per_s"]) == 1 and row["ideal_jobs_per_s"] > 0, row
+    assert plots.main([str(out.with_suffix(".json")), "--charts-only", "--out",
+                       str(tmp_path / "charts")]) == 0
+    check_charts(results, tmp_path / "charts")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -218,3 +219,29 @@ def test_a_garbled_answer_is_a_failed_trigger_not_an_exception(migrated: Setting
     finally:
         t.join(5)
         srv.close()
+
+
+def test_enqueue_many_async_streams_a_generator_as_the_sync_one(pg_url: str,
+                                                                migrated: Settings) -> None:
+    schema = migrated.schema_name
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+
+    def jobs(bad: bool = False) -> Iterator[JobSpec]:
+        yield from (JobSpec("a", {"i": i}) for i in range(600))
+        yield JobSpec("b", 1, run_at=later)
+        yield JobSpec("c", 2, dedup_key="k")
+        yield JobSpec("c", 3, dedup_key="k", max_attempts=0 if bad else 1)
+
+    async def run_async() -> EnqueueResult:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as aconn:
+            with pytest.raises(ValueError, match="max_attempts"):
+                await enqueue_many(aconn, jobs(bad=True), schema=schema)
+            assert count_jobs(pg_url, schema) == 0
+            return await enqueue_many(aconn, jobs(), schema=schema)
+
+    assert asyncio.run(run_async()) == EnqueueResult(602, 1)
+    async_payloads = payloads(pg_url, schema)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {schema}.jobs")
+        assert enqueue_many(conn, jobs(), schema=schema) == EnqueueResult(602, 1)
+    assert payloads(pg_url, schema) == async_payloads

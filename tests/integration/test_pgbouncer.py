@@ -13,6 +13,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,10 +21,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from drainer.migrate import migrate
 from drainer.producer import JobSpec, enqueue_many
-from tests._pgbouncer import Bouncer, pgbouncer  # noqa: F401  (the fixture)
+from tests._pgbouncer import POOL_SIZE, Bouncer, pgbouncer  # noqa: F401  (the fixture)
 from tests.conftest import ROOT, cli_env, run_cli
 from tests.reliability._helpers import executions, finish, jobs, runs_per_job, start_drainer
 
@@ -186,3 +188,166 @@ def test_a_pooler_that_rejects_the_startup_options_is_a_config_error(
     assert "DRAINER_SESSION_OPTIONS=false" in p.stderr and "ALTER ROLE" in p.stderr
     assert "retrying" not in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def _on_every_server_session(bouncer: Bouncer, *statements: str) -> None:
+    """Run ``statements`` on each server session of the pool: POOL_SIZE clients each hold
+    a transaction at once, so each holds a session of its own."""
+    clients = [psycopg.connect(bouncer.url, prepare_threshold=None) for _ in range(POOL_SIZE)]
+    try:
+        for c in clients:
+            for statement in statements:
+                c.execute(statement)
+        for c in clients:
+            c.commit()
+    finally:
+        for c in clients:
+            c.close()
+
+
+#: jobs a command's table holds, one claim each (batch size 1): enough for psycopg to prepare
+#: the claim (its 6th run on a connection) and for the pipeline's transactions to move
+JOBS = 40
+
+
+def _busy_client(bouncer: Bouncer, stop: threading.Event) -> None:
+    with psycopg.connect(bouncer.url, autocommit=True, prepare_threshold=None) as c:
+        while not stop.is_set():
+            c.execute("SELECT 1")
+
+
+def _ended(proc: subprocess.Popen[str], timeout: float) -> tuple[int | None, str]:
+    """The exit code (None: still running after ``timeout``, then killed) and stderr."""
+    try:
+        _out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _out, err = proc.communicate()
+        return None, err
+    return proc.returncode, err
+
+
+@pytest.mark.slow
+def test_a_prepared_statement_clash_through_the_pooler_is_a_config_error(
+        pgbouncer: Bouncer, schema: str, conn: Conn, tmp_path: Path) -> None:  # noqa: F811
+    """DRAINER_PREPARED_STATEMENTS on (the wrong setting for PgBouncer < 1.21) while other
+    clients use the pool: psycopg prepares a statement run often enough on one connection
+    under the name "_pg3_0", which another client's session already holds, or a statement
+    prepared in one transaction runs in the next on a session that never saw it. Every
+    command that repeats a statement exits 2 with one line that says what to set (before:
+    exit 1 with the raw error; the worker logged it and went on, failing every drain)."""
+    clashes = not pgbouncer.supports_prepared_statements
+    done_long_ago = {"n": 0}
+    commands: dict[str, tuple[list[str], dict[str, str]]] = {
+        "run-once": (["run-once"], {"DRAINER_PIPELINE_DEPTH": "1"}),
+        "run-once-pipelined": (["run-once"], {"DRAINER_PIPELINE_DEPTH": "2"}),
+        "worker": (["worker", "--min-poll-interval", "1", "--max-poll-interval", "1"],
+                   {"DRAINER_PIPELINE_DEPTH": "1"}),
+        "purge": (["purge", "--status", "done", "--older-than", "1h"],
+                  {"DRAINER_ARCHIVE_BATCH_SIZE": "1"}),
+        # long-running: the failed drain is logged, the process goes on (stopped below)
+        "schedule": (["schedule", "--interval", "1", "--idle-timeout", "0.5"],
+                     {"DRAINER_PIPELINE_DEPTH": "1"}),
+        # one statement each: never prepared, so never a clash, whatever the pooler
+        "status": (["status", "--json"], {}),
+        "enqueue": (["enqueue", "rec", '{"n": 99}'], {}),
+    }
+    for name in commands:
+        migrate(conn, schema, name.replace("-", "_"))
+        enqueue_many(conn, [JobSpec("rec", done_long_ago if name == "purge" else {"n": i})
+                            for i in range(JOBS)], schema=schema, table=name.replace("-", "_"))
+    conn.execute(sql.SQL("UPDATE {} SET status = 'done', finished_at = now() - interval '2h'"
+                         ).format(sql.Identifier(schema, "purge")))
+    # another client's "_pg3_0" on every server session, as other drainers leave it
+    _on_every_server_session(pgbouncer, "DEALLOCATE ALL", "PREPARE _pg3_0 AS SELECT 1")
+    # and busy neighbours: a drainer's consecutive transactions land on other sessions
+    stop = threading.Event()
+    neighbours = [threading.Thread(target=_busy_client, args=(pgbouncer, stop))
+                  for _ in range(2)]
+    for t in neighbours:
+        t.start()
+    try:
+        procs = {
+            name: start_drainer(args, pg_url=pgbouncer.url, schema=schema, log_dir=tmp_path,
+                                DRAINER_TABLE=name.replace("-", "_"),
+                                DRAINER_SESSION_OPTIONS="false",
+                                DRAINER_PREPARED_STATEMENTS="true", DRAINER_BATCH_SIZE="1",
+                                DRAINER_CONCURRENCY="1", **env)
+            for name, (args, env) in commands.items()}
+        # once schedule's first drain has claimed (and, with a clash, failed), stop it;
+        # PgBouncer >= 1.21 tracks prepared statements: the worker drains, then is stopped
+        long_running = ["schedule"] + ([] if clashes else ["worker"])
+
+        def far_enough(table: str) -> bool:
+            statuses = [r["status"] for r in jobs(conn, schema, table).values()]
+            if clashes:  # psycopg prepares the claim at its 6th run
+                return sum(st != "queued" for st in statuses) >= 6
+            return set(statuses) == {"done"}
+
+        deadline = time.monotonic() + 30
+        for name in long_running:
+            while not far_enough(name):
+                assert time.monotonic() < deadline and procs[name].poll() is None, name
+                time.sleep(0.1)
+        time.sleep(0.5)
+        for name in long_running:
+            procs[name].send_signal(signal.SIGTERM)
+        results = {name: _ended(p, timeout=20) for name, p in procs.items()}
+    finally:
+        stop.set()
+        for t in neighbours:
+            t.join()
+        _on_every_server_session(pgbouncer, "DEALLOCATE ALL")
+    wrong = {}
+    for name, (code, err) in results.items():
+        plain = [line for line in err.splitlines() if not line.startswith("{")]
+        command = commands[name][0][0]
+        if name == "schedule":
+            errors = [json.loads(line)["msg"] for line in err.splitlines()
+                      if line.startswith("{") and json.loads(line)["level"] == "error"]
+            named = all("DRAINER_PREPARED_STATEMENTS=false" in e
+                        and "(next wake as scheduled)" in e for e in errors)
+            ok = code == 0 and not plain and (bool(errors) and named if clashes else not errors)
+        elif not clashes or name in ("status", "enqueue"):
+            ok = code == 0 and not plain
+        elif name == "run-once-pipelined" and code == 0:
+            # the pipeline's statement has a name of its own: it clashes only when PgBouncer
+            # hands the pipeline's next transaction another session (the neighbours make
+            # that likely, not certain); never exit 1, never a raw error
+            ok = not plain and {r["status"] for r in jobs(conn, schema, "run_once_pipelined")
+                                .values()} == {"done"}
+        else:
+            ok = code == 2 and len(plain) == 1 and plain[0].startswith(f"drainer {command}: ") \
+                and "prepared statement" in plain[0] and "PgBouncer < 1.21" in plain[0] \
+                and "DRAINER_PREPARED_STATEMENTS=false" in plain[0]
+        if not ok or "Traceback" in err:
+            wrong[name] = (code, plain[-3:] or err[-1500:])
+    assert not wrong, (sorted(wrong), wrong)
+    # nothing lost: the clashed runs' jobs are queued, running under their lease, or done
+    for name in ("run-once", "run-once-pipelined", "worker"):
+        rows = jobs(conn, schema, name.replace("-", "_")).values()
+        assert len(rows) == JOBS and {r["status"] for r in rows} <= {"queued", "running", "done"}
+
+
+def test_both_prepared_statement_clashes_are_named_as_configuration(pg_url: str) -> None:
+    """The two errors a pooler that does not track prepared statements produces, raised by
+    the real server: each is a configuration error (exit 2) naming the setting; any other
+    error is not."""
+    from drainer.db import prepared_statement_clash
+    from drainer.errors import EXIT_USAGE
+
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("PREPARE _pg3_0 AS SELECT 1")
+        with pytest.raises(psycopg.errors.DuplicatePreparedStatement) as duplicate:
+            c.execute("PREPARE _pg3_0 AS SELECT 2")
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName) as missing:
+            c.execute("EXECUTE drainer_complete_many_and_claim_1")
+        with pytest.raises(psycopg.errors.UndefinedTable) as other:
+            c.execute("SELECT * FROM no_such_table_here")
+    for raised in (duplicate.value, missing.value):
+        error = prepared_statement_clash(raised)
+        assert error is not None and error.exit_code == EXIT_USAGE
+        text = str(error)
+        assert type(raised).__name__ in text and "DRAINER_PREPARED_STATEMENTS=false" in text
+        assert "\n" not in text
+    assert prepared_statement_clash(other.value) is None

@@ -1,5 +1,6 @@
 """Scenarios 6 and 8 on the statements themselves (``drainer.db.Queries``): fenced writes
-by a worker that no longer owns a job change nothing, under any interleaving."""
+by a worker that no longer owns a job change nothing, under any interleaving of workers,
+process deaths and the operator's moves (retry, cancel, purge)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from hypothesis.stateful import (
 from psycopg import sql
 
 from drainer.db import QUERIES, Queries, identifiers
+from drainer.ops import purge_batches
 from drainer.producer import enqueue
 from drainer.settings import Settings
 from tests.reliability._helpers import jobs, wait_for
@@ -73,6 +75,7 @@ class _Job:
     expired: bool = False
     fence: int = 0  # the claim's token: +1 at every claim, never reset (issue 20 item 4)
     lease_kept: bool = False  # cancelled while running: its lease runs out on its own
+    aged: bool = False  # finished long ago (finished_at moved back): an --older-than purges it
 
 
 def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[Any],
@@ -89,6 +92,9 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
             observer.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY").format(table))
             self.model: dict[int, _Job] = {}
             self.held: list[tuple[int, int, int]] = []  # (worker, id, fence), stale too
+            self.enqueued: set[int] = set()  # every id ever enqueued
+            self.gone: dict[int, str] = {}  # id -> "archived" (done) or "purged" (operator)
+            self.tokens: set[tuple[int, int]] = set()  # every (id, fence) ever claimed
 
         def _owner(self, job_id: int, fence: int) -> bool:
             m = self.model.get(job_id)
@@ -104,6 +110,8 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
             job_id = enqueue(observer, "q", {}, max_attempts=max_attempts, priority=priority,
                              schema=schema)
             assert job_id is not None
+            assert job_id not in self.enqueued, "an id came back"
+            self.enqueued.add(job_id)
             self.model[job_id] = _Job("queued", 0, max_attempts, priority)
 
         @rule(worker=st.integers(0, WORKERS - 1), batch=st.integers(1, 4))
@@ -121,6 +129,8 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
                 m.status, m.attempts, m.expired = "running", m.attempts + 1, False
                 m.fence += 1
                 assert (r.attempts, r.fence) == (m.attempts, m.fence)
+                assert (r.id, r.fence) not in self.tokens, "a fence repeated"
+                self.tokens.add((r.id, r.fence))
                 self.held.append((worker, r.id, r.fence))
 
         @precondition(lambda self: self.held)
@@ -220,6 +230,7 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
             m = self.model[job_id]
             m.status, m.attempts, m.due, m.expired, m.lease_kept = "queued", 0, True, False, \
                 False
+            m.aged = False  # finished_at is cleared; its next finish is now
 
         @precondition(lambda self: any(m.status in ("queued", "running")
                                        for m in self.model.values()))
@@ -242,19 +253,71 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
             assert queries[worker].archive_batch("failed", 86400.0, 1000, move=False) == 0
             for i in done:
                 del self.model[i]
+                self.gone[i] = "archived"
+
+        @precondition(lambda self: any(m.status in ("done", "failed")
+                                       for m in self.model.values()))
+        @rule(data=st.data(), status=st.sampled_from(("done", "failed")),
+              old=st.booleans(), batch=st.integers(1, 3))
+        def operator_purges(self, data: st.DataObject, status: str, old: bool,
+                            batch: int) -> None:
+            """``drainer purge --status S --older-than T``: deletes the S jobs finished more
+            than T ago, whatever their lease (a job cancelled while running goes too; its
+            owner still holds a token). ``old``: --older-than 1h, after one finished job's
+            finished_at is moved 2 h back; else --older-than 0 (every finished S job)."""
+            if old:
+                finished = sorted(i for i, m in self.model.items()
+                                  if m.status in ("done", "failed"))
+                job_id = data.draw(st.sampled_from(finished))
+                observer.execute(sql.SQL(
+                    "UPDATE {} SET finished_at = now() - interval '2 hours' WHERE id = %s"
+                ).format(table), [job_id])
+                self.model[job_id].aged = True
+            doomed = {i for i, m in self.model.items()
+                      if m.status == status and (m.aged or not old)}
+            deleted, statements = purge_batches(queries[0], status, 3600.0 if old else 0.0,
+                                                batch)
+            assert deleted == len(doomed)
+            assert statements == len(doomed) // batch + 1
+            for i in doomed:
+                del self.model[i]
+                self.gone[i] = "purged"
+
+        @precondition(lambda self: any(self.gone.get(j) == "purged" for _w, j, _f in self.held))
+        @rule(data=st.data())
+        def purged_jobs_stale_worker_writes(self, data: st.DataObject) -> None:
+            """A worker still holding the token of a purged job (cancelled while it ran, then
+            purged) finishes, fails, heartbeats, releases, and the operator retries it: every
+            write matches nothing, no row comes back."""
+            worker, job_id, fence = data.draw(st.sampled_from(sorted(
+                h for h in self.held if self.gone.get(h[1]) == "purged")))
+            q = queries[worker]
+            assert q.complete_many([job_id], [fence]) == set()
+            assert q.fail_many([job_id], [fence], ["late"], [None], 0.0, 3600.0) == []
+            assert q.extend_many([job_id], [fence], [60.0]) == {}
+            assert q.release_many([job_id], [fence]) == set()
+            assert observer.execute(sql.SQL(QUERIES["retry_many"]).format(
+                **identifiers(schema, "jobs")), {"ids": [job_id]}).fetchall() == []
 
         @invariant()
         def table_matches_model(self) -> None:
             rows = {r[0]: r for r in observer.execute(sql.SQL(
                 "SELECT id, status, attempts, max_attempts, locked_until IS NOT NULL, "
-                "locked_until < now(), run_at <= now(), finished_at IS NOT NULL FROM {}"
+                "locked_until < now(), run_at <= now(), finished_at IS NOT NULL, fence, "
+                "last_error IS NOT NULL FROM {}"
             ).format(table))}
-            # Nothing disappears except done rows by archival (removed from the model).
+            # No job lost: every job ever enqueued is in the table (queued, running, done,
+            # failed: checked below), or was archived when done, or purged by the operator;
+            # a purged one never comes back.
             assert set(rows) == set(self.model)
+            assert not set(rows) & set(self.gone)
+            assert set(rows) | set(self.gone) == self.enqueued
             for job_id, (_i, status, attempts, max_attempts, leased, expired, due,
-                         finished) in rows.items():
+                         finished, fence, has_error) in rows.items():
                 m = self.model[job_id]
                 assert (status, attempts) == (m.status, m.attempts), job_id
+                # the fence only grows, by one a claim: never reset, never repeated
+                assert fence == m.fence, job_id
                 if status == "running":
                     assert leased and not finished and attempts <= max_attempts
                     assert expired == m.expired
@@ -263,6 +326,7 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
                     assert due == m.due
                 else:  # done or failed: never also running, no lease (but a cancel's)
                     assert finished and (not leased or m.lease_kept)
+                    assert status == "done" or has_error, f"{job_id} failed with no error"
 
     return QueueMachine
 

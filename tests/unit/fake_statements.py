@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from drainer.db import ClaimedRow, claim_order
+from drainer.queue_limits import Rate
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -48,6 +49,8 @@ class FakeJobs:
         self.in_flight = 0
         self.start_now: list[int] = []  # each claim's start_now, in order
         self._results: list[tuple[set[int], list[ClaimedRow]] | BaseException] = []
+        self.rate_window: dict[str, int] = {}  # jobs claimed by claim_batch_rated, by queue
+        self.rated_sizes: list[int] = []  # each claim_batch_rated's size, in order
 
     def add(self, queue: str, n: int) -> list[int]:
         ids = []
@@ -158,6 +161,27 @@ class FakeJobs:
                       if r.queue == queue and r.status == "running")
         return self._claim(queue, max(0, min(batch_size, max_running - running)), lease,
                            _.get("start_now"), _.get("run_id"))
+
+    def claim_batch_rated(self, queue: str, batch_size: int, lease: float,
+                          max_running: int | None, rate: Rate, **_: Any
+                          ) -> tuple[list[ClaimedRow], datetime | None, int]:
+        """The rate window on the fake's clock, which stands still at T0: every claim of
+        the queue is in the window; a full window's next slot is T0 + period."""
+        self._send("claim_batch_rated")
+        self.rated_sizes.append(batch_size)
+        used = self.rate_window.get(queue, 0)
+        running = sum(1 for r in self.rows.values()
+                      if r.queue == queue and r.status == "running")
+        capped = batch_size if max_running is None else max(0, min(batch_size,
+                                                                   max_running - running))
+        rows = self._claim(queue, min(capped, rate.count - used), lease, _.get("start_now"),
+                           _.get("run_id"))
+        self.rate_window[queue] = used + len(rows)
+        due = sum(1 for r in self.rows.values()
+                  if r.queue == queue and r.status == "queued" and r.run_at <= T0)
+        full = self.rate_window[queue] >= rate.count
+        limited = due if full and rate.count - used < capped else 0
+        return rows, T0 + timedelta(seconds=rate.period) if full else None, limited
 
     def release_many(self, ids: Sequence[int], fences: Sequence[int]) -> set[int]:
         self._send("release_many")

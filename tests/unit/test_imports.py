@@ -116,5 +116,6 @@ def test_the_parser_loads_neither_apscheduler_nor_http() -> None:
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('apscheduler', 'http', 'drainer') and m not in ('drainer', 'drainer.errors', "
         "'drainer._redact', 'drainer.registry', 'drainer.settings', 'drainer.ops', "
+        "'drainer.queue_limits', "
         "'drainer._text') and not m.startswith('drainer.cli')))\n")
     assert out == "[]"

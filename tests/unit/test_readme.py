@@ -96,7 +96,7 @@ def test_every_command_is_documented() -> None:
     ("docs/operations.md", "Running on Neon"),
     ("docs/operations.md", "Running on Aurora Serverless v2"),
     ("docs/operations.md", "Behind PgBouncer or Supavisor"),
-    ("docs/operations.md", "Adopting the article's jobs table"),
+    ("docs/operations.md", "Adopting a jobs table made from *Postgres as a job queue*"),
     ("docs/handlers.md", "Writing idempotent handlers"),
     ("docs/faq.md", "Operator's FAQ"),
     ("docs/configuration.md", "# Configuration"),
@@ -143,12 +143,39 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
             assert f"(docs/{page.name})" in README, page.name
 
 
+#: "the article", "that article's", "the Japanese article", "the articles'": a source
+#: named by no title ("the two articles" of the sources page is fine)
+_VAGUE = re.compile(r"\b(?:the|that)\s+(?:japanese\s+|korean\s+)?articles?\b"
+                    r"|japanese source article", re.IGNORECASE)
+
+
 @pytest.mark.parametrize("path", ["README.md", *sorted(
     p.relative_to(ROOT).as_posix() for p in DOCS.glob("*.md"))])
 def test_the_sources_are_cited_by_title(path: str) -> None:
     text = (ROOT / path).read_text()
-    for vague in ("the Japanese article", "the Korean article", "Japanese source article"):
-        assert vague not in text, f"{path}: cite {vague!r} by its title (docs/sources.md)"
+    vague = [m.group(0) for m in _VAGUE.finditer(text)]
+    assert not vague, f"{path}: cite {vague} by title (docs/sources.md)"
+
+
+def test_the_package_and_deploy_files_cite_the_sources_by_title() -> None:
+    """Help texts, messages, docstrings and comments of what users install and deploy."""
+    files = [p for pattern in ("drainer/**/*.py", "drainer/**/*.sql", "deploy/**/*",
+                               "bench/*.py")
+             for p in ROOT.glob(pattern) if p.is_file() and p.suffix not in (".png", ".pyc")]
+    assert len(files) > 50
+    vague = [f"{p.relative_to(ROOT)}: {m.group(0)!r}" for p in files
+             for m in _VAGUE.finditer(p.read_text(errors="replace"))]
+    assert not vague, vague
+
+
+def test_no_command_help_cites_a_source_without_its_title() -> None:
+    from drainer.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    vague = {name: m.group(0) for name, sub in commands.items()
+             for m in _VAGUE.finditer(" ".join(sub.format_help().split()))}
+    assert not vague, vague
 
 
 def test_the_sources_page_gives_both_titles() -> None:

@@ -1,6 +1,7 @@
 """serve's defences against slow and idle connections (issue 20 item 7): a deadline on
 the request headers, and a cap on open connections so 300 slow unauthenticated clients do
-not hold 300 threads."""
+not hold 300 threads; at the cap a new connection takes the slot of the one waiting
+longest for its headers, so a flood of them cannot lock out health checks (issue 19)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from drainer import serve
+from drainer import _http, serve
 from drainer.serve import HttpHost, make_server
 
 
 def _server(monkeypatch: pytest.MonkeyPatch, deadline: float) -> Any:
-    monkeypatch.setattr(serve, "HEADER_DEADLINE_S", deadline)
+    monkeypatch.setattr(_http, "HEADER_DEADLINE_S", deadline)  # the HTTP side reads it
     return make_server(SimpleNamespace(), "127.0.0.1", 0, token="a-token-of-16-chars-or-more",
                        drain=lambda stop: {"claimed": 0})  # type: ignore[arg-type]
 
@@ -31,8 +32,8 @@ def _trickle(socks: list[socket.socket]) -> None:
             s.send(b"X")
 
 
-def _healthz(port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+def _healthz(port: int, timeout: float = 5) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=timeout) as resp:
         assert json.loads(resp.read())["status"] == "ok"
         return int(resp.status)
 
@@ -56,7 +57,8 @@ def test_300_slow_connections_do_not_hold_300_threads(monkeypatch: pytest.Monkey
                 peak = max(peak, threading.active_count())
                 time.sleep(0.25)
             assert peak - before <= serve.MAX_CONNECTIONS + 2, (before, peak)
-            assert server.refused >= 300 - serve.MAX_CONNECTIONS - 2
+            # beyond the cap each one took the place of an older slow one
+            assert server.refused + server.evicted >= 300 - serve.MAX_CONNECTIONS - 2
             # past the header deadline, the slow ones are cut off and their threads end
             until = time.monotonic() + 15
             while time.monotonic() < until and threading.active_count() > before + 2:
@@ -97,14 +99,52 @@ def test_the_header_deadline_is_total_not_per_read(monkeypatch: pytest.MonkeyPat
         assert _healthz(port) == 200
 
 
+def test_100_slow_connections_do_not_lock_out_health_checks(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    server = _server(monkeypatch, deadline=10.0)  # the default header deadline
+    with HttpHost(server, name="test-serve-flood") as http:
+        _host, port = http.start("test")
+        before = threading.active_count()
+        socks = []
+        try:
+            for _ in range(100):
+                s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
+                socks.append(s)
+            time.sleep(0.2)  # every slot is held by a slow one
+            assert threading.active_count() - before <= serve.MAX_CONNECTIONS + 1
+            for _ in range(3):  # while the flood is held, each check answers at once
+                started = time.monotonic()
+                assert _healthz(port, timeout=1.0) == 200
+                assert time.monotonic() - started < 1.0
+                peak = threading.active_count()
+                assert peak - before <= serve.MAX_CONNECTIONS + 1, (before, peak)
+            assert server.evicted >= 100 - serve.MAX_CONNECTIONS and server.refused == 0
+            # the evicted ones were told why, then closed
+            told = 0
+            for s in socks[:100 - serve.MAX_CONNECTIONS]:
+                s.settimeout(1.0)
+                answer = s.recv(4096)
+                told += answer.startswith(b"HTTP/1.1 503")
+            assert told == 100 - serve.MAX_CONNECTIONS
+        finally:
+            for s in socks:
+                s.close()
+
+
 def test_a_connection_beyond_the_cap_gets_503_at_once(monkeypatch: pytest.MonkeyPatch
                                                       ) -> None:
-    monkeypatch.setattr(serve, "MAX_CONNECTIONS", 2)
+    """Every slot held by a connection whose headers are in (a request being answered:
+    here a POST /drain whose body never comes): nothing to evict, 503."""
+    monkeypatch.setattr(_http, "MAX_CONNECTIONS", 2)
     server = _server(monkeypatch, deadline=5.0)
     assert server.max_connections == 2
     with HttpHost(server, name="test-serve-cap") as http:
         _host, port = http.start("test")
         held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+        for s in held:
+            s.sendall(b"POST /drain HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                      b"a-token-of-16-chars-or-more\r\nContent-Length: 10\r\n\r\n")
         try:
             time.sleep(0.3)
             extra = socket.create_connection(("127.0.0.1", port), timeout=5)

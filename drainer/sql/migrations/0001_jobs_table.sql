@@ -1,5 +1,5 @@
--- The jobs table of the Japanese article, plus priority, dedup_key and finished_at.
--- Written to adopt an existing table made from the article's DDL: every column is
+-- The jobs table of 'Postgres as a job queue', plus priority, dedup_key and finished_at.
+-- Written to adopt an existing table made from its DDL: every column is
 -- added only when missing, rows are kept.
 CREATE TABLE IF NOT EXISTS {jobs} (
   id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -27,7 +27,7 @@ WHERE status IN ('done', 'failed') AND finished_at IS NULL;
 -- claim is an index scan that stops after the batch whatever the history holds.
 CREATE INDEX IF NOT EXISTS {claim_idx} ON {jobs} (queue, priority DESC, run_at, id)
   WHERE status = 'queued';
--- The article's index is superseded by the claim index; keeping both costs a write each.
+-- Its index (jobs_ready_idx) is superseded by the claim index; keeping both costs a write each.
 DROP INDEX IF EXISTS {article_idx};
 
 -- The reaper looks only at running rows.
@@ -41,7 +41,7 @@ CREATE INDEX IF NOT EXISTS {finished_idx} ON {jobs} (status, finished_at)
 CREATE UNIQUE INDEX IF NOT EXISTS {dedup_idx} ON {jobs} (dedup_key)
   WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running');
 
--- The Korean article: a queue table needs aggressive autovacuum.
+-- 'The SKIP LOCKED work queue': a queue table needs aggressive autovacuum.
 ALTER TABLE {jobs} SET (
   autovacuum_vacuum_scale_factor = 0.01,
   autovacuum_vacuum_cost_delay   = 0
