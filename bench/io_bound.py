@@ -4,7 +4,12 @@ With C handlers in flight and each job taking S seconds, no queue drains faster 
 per second (Little's law), and N jobs take at least ceil(N / C) * S seconds: the ideal rate is
 N / (ceil(N / C) * S). The measured rate is N over the handlers' own window, from the first
 job's start to the last job's end (written by bench/io_stamps.py at the contender's exit), so
-process start-up and connecting are left out; the process wall rate is shown beside it.
+process start-up, connecting, the first claim and the last completion are left out; the
+process wall rate (start-up included) is shown beside it.
+
+Each concurrency also runs the same handlers with no queue (bench/io_bare.py: one event loop,
+a task a call; or C threads), whose ratio to Little's law is what the interpreter and the
+machine's load leave at that moment: "x no queue" is a queue's rate over that floor's.
 """
 
 from __future__ import annotations
@@ -69,7 +74,33 @@ class IoDrainer(Drainer, _Stamped):
     def run(self, n: int) -> Timed:
         env = {**self.env(), **self.stamp_env()}
         return run_timed([str(VENV_BIN / "drainer"), "run-once", "--concurrency",
-                          str(self.concurrency), "--queue", f"io_{self.kind}"], env)
+                          str(self.concurrency), "--queue", f"io_{self.kind}", *self.flags],
+                         env)
+
+
+@dataclass
+class IoBare(Contender, _Stamped):
+    """The handlers alone, no queue (bench/io_bare.py): the floor of the machine right now."""
+
+    kind: str = "async"
+    concurrency: int = 1
+    sleep: float = 0.05
+    stamps: Path = field(default_factory=Path)
+
+    def setup(self) -> None:
+        pass
+
+    def reset(self, n: int) -> None:
+        pass
+
+    def run(self, n: int) -> Timed:
+        return run_timed([str(VENV_BIN / "python"), "-m", "bench.io_bare", self.kind,
+                          str(self.concurrency), str(n)], self.stamp_env())
+
+    def check(self, n: int, timed: Timed) -> str | None:
+        if timed.returncode != 0:
+            return f"exit {timed.returncode}: {timed.stderr.strip()[-300:]}"
+        return None
 
 
 @dataclass
@@ -124,6 +155,10 @@ def section_io(ctx: Ctx) -> list[str]:
         proc_db = ensure_database(ctx.server, "drainer_bench_procrastinate")
         pgq_db = ensure_database(ctx.server, "drainer_bench_pgqueuer")
     for i, (kind, c) in enumerate(ctx.io_plan):
+        contenders.append((kind, c, IoBare(
+            "no queue: the handlers alone" + (", a task a call on one event loop"
+                                              if kind == "async" else f", {c} threads"),
+            db, "", kind=kind, concurrency=c, sleep=sleep, stamps=tmp / f"b{i}.json")))
         contenders.append((kind, c, IoDrainer(
             f"drainer run-once --concurrency {c}", db, "b_io", queues=[f"io_{kind}"],
             app="bench.io_app", kind=kind, concurrency=c, sleep=sleep,
@@ -171,23 +206,30 @@ def section_io(ctx: Ctx) -> list[str]:
     lines = [f"### Handlers that wait on I/O: {n:,} jobs of {sleep * 1000:g} ms each, local "
              "database", "",
              "| handlers | concurrency | contender | jobs/s (median) | min | max | "
-             "x Little's law | process wall jobs/s |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+             "x Little's law | x no queue | process wall jobs/s |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    floors = {(kind, c): _med(rates[i]) for i, (kind, c, con) in enumerate(contenders)
+              if isinstance(con, IoBare)}
     for i, (kind, c, con) in enumerate(contenders):
         r = rates[i]
         ideal = ideal_rate(n, c, sleep)
+        floor = floors.get((kind, c), float("nan"))
         note = f" ({'; '.join(sorted(set(notes[i])))})" if notes[i] else ""
         handler = "async (`asyncio.sleep`)" if kind == "async" else "sync (`time.sleep`)"
         lines.append(f"| {handler} | {c} | {con.name}{note} | {fmt_rate(_med(r))} | "
                      f"{fmt_rate(min(r, default=float('nan')))} | "
-                     f"{fmt_rate(max(r, default=float('nan')))} | {_med(r) / ideal:.2f} | "
-                     f"{fmt_rate(_med(walls[i]))} |")
+                     f"{fmt_rate(max(r, default=float('nan')))} | **{_med(r) / ideal:.2f}** | "
+                     f"{_med(r) / floor:.2f} | {fmt_rate(_med(walls[i]))} |")
     lines += ["", f"Little's law: N / (ceil(N / C) x {sleep:g} s), e.g. "
               + ", ".join(f"C={c}: {fmt_rate(ideal_rate(n, c, sleep))} jobs/s"
                           for c in sorted({c for _k, c in ctx.io_plan})) + ". "
-              "jobs/s: N over the handlers' window (first start to last end), process "
-              "start-up left out; wall: process start to exit.",
+              "jobs/s: N over the handlers' window (first start to last end): process "
+              "start-up, connecting, the first claim and the last completion left out; wall: "
+              "process start to exit. x no queue: over the same handlers run with no queue "
+              "in the same round (bench/io_bare.py), what the machine allowed at that moment.",
               "Settings: drainer `run-once --concurrency C` otherwise default (async handlers "
-              "as drainer runs them today); procrastinate `run_worker_async(concurrency=C, "
+              "as tasks on one event loop, C in flight, C more claimed ahead; sync handlers on "
+              "C threads); procrastinate `run_worker_async(concurrency=C, "
               "wait=False)`, psycopg pool max 10, default executor C threads; pgqueuer drain "
               "mode, `max_concurrent_tasks=C`, `batch_size=min(100, C/2)`, sync handler in "
               "`asyncio.to_thread` with C threads; the best of the settings tried (see "

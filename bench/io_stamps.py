@@ -18,6 +18,10 @@ _lock = threading.Lock()
 _first = float("inf")
 _last = float("-inf")
 _count = 0
+#: BENCH_IO_TRACE names a file for every start and end time (profiling the ramp and tail).
+_TRACE = os.environ.get("BENCH_IO_TRACE")
+_starts: list[float] = []
+_ends: list[float] = []
 
 
 def began() -> float:
@@ -26,6 +30,8 @@ def began() -> float:
     if now < _first:
         with _lock:
             _first = min(_first, now)
+    if _TRACE:
+        _starts.append(now)
     return now
 
 
@@ -35,6 +41,8 @@ def ended() -> None:
     with _lock:
         _last = max(_last, now)
         _count += 1
+    if _TRACE:
+        _ends.append(now)
 
 
 def _write() -> None:
@@ -42,6 +50,9 @@ def _write() -> None:
     if path and _count:
         with open(path, "w") as f:
             json.dump({"first": _first, "last": _last, "count": _count}, f)
+    if _TRACE and _count:
+        with open(_TRACE, "w") as f:
+            json.dump({"starts": _starts, "ends": _ends}, f)
 
 
 atexit.register(_write)

@@ -10,11 +10,15 @@ one job with a clear error, ``drainer show`` prints it.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
-from psycopg.adapt import AdaptersMap, Buffer
+from psycopg.abc import AdaptContext
+from psycopg.adapt import AdaptersMap, Buffer, Loader
+from psycopg.pq import Format
 from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
 from psycopg.types.json import JsonbBinaryLoader, JsonbLoader
 
@@ -39,6 +43,9 @@ class UndecodablePayload(str):
         return self
 
 
+_decode = json.JSONDecoder().decode
+
+
 def _undecodable(exc: BaseException) -> UndecodablePayload:
     message = str(exc).splitlines()[0] if str(exc) else ""
     return UndecodablePayload(f"{type(exc).__name__}: {message}"[:500])
@@ -47,6 +54,8 @@ def _undecodable(exc: BaseException) -> UndecodablePayload:
 class SafeJsonbLoader(JsonbLoader):
     def load(self, data: Buffer) -> Any:
         try:
+            if self.loads is json.loads:  # psycopg's default: the text is UTF-8, no BOM
+                return _decode(str(data, "utf-8"))  # half the cost of json.loads(bytes)
             return super().load(data)
         except (ValueError, RecursionError, MemoryError) as exc:
             return _undecodable(exc)
@@ -61,19 +70,36 @@ class SafeJsonbBinaryLoader(JsonbBinaryLoader):
 
 
 
+def _fast(cls: type[Loader], fmt: Format, oid: int, context: AdaptContext | None
+          ) -> Callable[[Buffer], Any]:
+    """The ``load`` of psycopg's own loader for ``oid`` (its C one where psycopg has its C
+    implementation: about ten times faster than the Python one a subclass inherits, and a
+    claim decodes two timestamptz a row), ``cls``'s own where it has none."""
+    fast = psycopg.adapters.get_loader(oid, fmt)
+    return (fast or cls)(oid, context).load
+
+
 class SafeTimestamptzLoader(TimestamptzLoader):
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self._load = _fast(TimestamptzLoader, Format.TEXT, oid, context)
+
     def load(self, data: Buffer) -> datetime:
         try:
-            return super().load(data)
+            return self._load(data)  # type: ignore[no-any-return]
         except psycopg.DataError:
             text = bytes(data)
             return TIME_MIN if text.startswith(b"-") or text.endswith(b"BC") else TIME_MAX
 
 
 class SafeTimestamptzBinaryLoader(TimestamptzBinaryLoader):
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self._load = _fast(TimestamptzBinaryLoader, Format.BINARY, oid, context)
+
     def load(self, data: Buffer) -> datetime:
         try:
-            return super().load(data)
+            return self._load(data)  # type: ignore[no-any-return]
         except psycopg.DataError:
             # binary: microseconds since 2000-01-01 as a signed 64-bit integer
             return TIME_MIN if bytes(data)[:1] >= b"\x80" else TIME_MAX

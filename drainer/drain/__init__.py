@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from drainer import db, otel, queue_limits
 from drainer._signals import on_stop_signals
+from drainer.drain import collector, transaction
 from drainer.drain import handlers as handler_calls
-from drainer.drain import transaction
 from drainer.drain.claims import Claims
 from drainer.drain.handlers import MAX_ERROR_CHARS, Handlers, format_error, make_running
 from drainer.drain.leases import Heartbeat
@@ -122,7 +122,9 @@ def run_once(
                         # every handler call of the process from now on runs in a job span
                         handler_calls.job_context = otel.JobSpan
                         drain.outcomes.on_outcome = tracing.outcome
-                    drain.run()
+                    collector.freeze_startup()
+                    with collector.fewer_collections():
+                        drain.run()
                 # an occurrence that came due during the run gets its successor before the
                 # summary below reads next_due_at (a statement only if the run lasted that long)
                 schedules.finish(q)
@@ -191,9 +193,10 @@ def _executing(handlers: Handlers) -> int:
     the outcomes not collected yet and the jobs queued to threads but not started. A drain
     blocked on a silent database collects nothing: its finished handlers do not count."""
     try:
-        pool = handlers.pool
-        queued = 0 if pool is None else len(pool.work)
-        return max(0, handlers.in_flight() - handlers.done_q.qsize() - queued)
+        pool, loop = handlers.pool, handlers.loop
+        queued = (0 if pool is None else len(pool.work)) + \
+            (0 if loop is None else len(loop.waiting))
+        return max(0, handlers.in_flight() - handlers.uncollected - queued)
     except AttributeError:  # the handlers changed shape: count them all (the grace applies)
         return handlers.in_flight()
 

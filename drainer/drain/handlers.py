@@ -2,7 +2,7 @@
 
 Nothing here touches the database: :class:`Handlers` takes jobs to run and hands back
 their :class:`Outcome`; the drain loop decides what to write. The loop uses only
-``start``, ``wait``, ``in_flight``, ``has_room``/``slots``, ``free``, ``take_back`` and
+``start_many``, ``wait``, ``in_flight``, ``slots``, ``room``/``free``, ``take_back`` and
 ``still_running``.
 
 Sync handlers run on ``concurrency`` threads; async handlers run as tasks on ONE
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import queue as queue_mod
 import threading
@@ -226,7 +227,11 @@ class Handlers:
         self.lock = threading.Lock()
         self.running: dict[int, Running] = {}
         self.timed: dict[int, Running] = {}  # those of `running` with a timeout
-        self.done_q: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
+        # outcomes one at a time (handler threads) or a loop iteration's at once (the loop)
+        self.done_q: queue_mod.SimpleQueue[Outcome | list[Outcome]] = queue_mod.SimpleQueue()
+        #: Outcomes put in done_q and not collected yet (read by the watchdog's estimate).
+        self.uncollected = 0
+        self.count_lock = threading.Lock()
         self.pool: HandlerThreads | None = None
         self.loop: EventLoopThread | None = None
         self.result_max_bytes = DEFAULT_RESULT_MAX_BYTES
@@ -253,29 +258,47 @@ class Handlers:
     def free(self, task: Task) -> int:
         """How many more jobs of ``task`` could be handed over now (a claim's size follows
         it, so that a claim of 10 does not leave 190 of 200 handlers idle)."""
+        return self.room()
+
+    def room(self) -> int:
+        """How many more jobs could be handed over now: the handlers and the jobs queued
+        ahead of them, less those in flight."""
         queued_ahead = 0 if self.concurrency == 1 else self.concurrency
         return max(0, self.concurrency + queued_ahead - self.in_flight())
 
     def start(self, r: Running) -> None:
+        self.start_many([r])
+
+    def start_many(self, rs: list[Running]) -> None:
+        """Hand ``rs`` to their handlers: one lock and one wake-up of the event loop or the
+        handler threads for all of them, not one a job."""
         with self.lock:
-            self.running[r.job.id] = r
-            if r.timeout_at is not None:
-                self.timed[r.job.id] = r
-        if r.task.is_async:
+            for r in rs:
+                self.running[r.job.id] = r
+                if r.timeout_at is not None:
+                    self.timed[r.job.id] = r
+        to_loop: list[tuple[Running, float | None]] = []
+        to_pool: list[Running] = []
+        for r in rs:
+            if r.task.is_async:
+                to_loop.append((r, self.timeout(r.task)))
+            elif r.timeout_at is not None:
+                threading.Thread(target=self._thread_main, args=(r,), daemon=True,
+                                 name=f"drainer-job-{r.job.id}").start()
+            else:
+                to_pool.append(r)
+        if to_loop:
             if self.loop is None:
                 self.loop = EventLoopThread(self.concurrency, self.may_start)
                 self.loop.result_max_bytes = self.result_max_bytes
-            self.loop.submit(r, self.timeout(r.task), self.done_q.put)
-            return
-        if r.timeout_at is not None:
-            threading.Thread(target=self._thread_main, args=(r,), daemon=True,
-                             name=f"drainer-job-{r.job.id}").start()
-            return
-        # Never on the main thread: a signal must be able to release the unstarted jobs
-        # at once and to cut a handler short after the grace period.
-        if self.pool is None:
-            self.pool = HandlerThreads(self.concurrency, self._thread_main, self.may_start)
-        self.pool.submit(r)
+            self.loop.submit_many(to_loop, self._put)
+        if to_pool:
+            # Never on the main thread: a signal must be able to release the unstarted jobs
+            # at once and to cut a handler short after the grace period.
+            if self.pool is None:
+                self.pool = HandlerThreads(self.concurrency, self._thread_main,
+                                           self.may_start)
+            self.pool.submit_many(to_pool)
 
     def _thread_main(self, r: Running) -> None:
         try:
@@ -283,24 +306,39 @@ class Handlers:
         except BaseException as exc:  # a lost outcome would leave the drain waiting forever
             outcome = Outcome(r.job, r.task, False,
                               f"{type(exc).__name__} while running the handler")
+        self._put(outcome)
+
+    def _put(self, outcome: Outcome | list[Outcome]) -> None:
+        with self.count_lock:
+            self.uncollected += len(outcome) if isinstance(outcome, list) else 1
         self.done_q.put(outcome)
 
-    def wait(self, block_for: float) -> list[tuple[Outcome, Running]]:
+    def wait(self, block_for: float, want: int = 1) -> list[tuple[Outcome, Running]]:
         """Outcomes of the handlers that finished (waiting up to ``block_for`` seconds for
-        the first), with their jobs; handlers past their timeout are abandoned and come
-        back as failures."""
+        ``want`` of them: one wake-up of the drain loop for many jobs, not one a job), with
+        their jobs; handlers past their timeout are abandoned and come back as failures."""
         finished: list[tuple[Outcome, Running]] = []
-        try:
-            outcome: Outcome | None = self.done_q.get(timeout=block_for) if block_for > 0 \
-                else self.done_q.get_nowait()
-        except queue_mod.Empty:
-            outcome = None
-        while outcome is not None:
-            self._finish(outcome, finished)
+        until = time.monotonic() + block_for
+        got: list[Outcome] = []
+        while True:
             try:
-                outcome = self.done_q.get_nowait()
+                left = until - time.monotonic()
+                item = self.done_q.get(timeout=left) if left > 0 and len(got) < want \
+                    else self.done_q.get_nowait()
             except queue_mod.Empty:
-                outcome = None
+                if len(got) >= want or time.monotonic() >= until:
+                    break
+                continue
+            if isinstance(item, list):
+                got.extend(item)
+            else:
+                got.append(item)
+        if got:
+            with self.count_lock:
+                self.uncollected -= len(got)
+            with self.lock:
+                for outcome in got:
+                    self._finish(outcome, finished)
         now = time.monotonic()
         with self.lock:  # only the jobs with a timeout: not every job in flight each step
             expired = [r for r in self.timed.values()
@@ -309,10 +347,11 @@ class Handlers:
             r.job.cancelled.set()
             if self.loop is not None:
                 self.loop.cancel(r)
-            self._finish(Outcome(r.job, r.task, False,
-                                 f"TimeoutError: handler exceeded its timeout of "
-                                 f"{self.timeout(r.task)}s (abandoned, told to stop)",
-                                 round(now - r.started, 6)), finished)
+            with self.lock:
+                self._finish(Outcome(r.job, r.task, False,
+                                     f"TimeoutError: handler exceeded its timeout of "
+                                     f"{self.timeout(r.task)}s (abandoned, told to stop)",
+                                     round(now - r.started, 6)), finished)
         return finished
 
     def wait_sequential(self, block_for: float) -> bool:
@@ -324,13 +363,13 @@ class Handlers:
         return True
 
     def _finish(self, outcome: Outcome, into: list[tuple[Outcome, Running]]) -> None:
-        with self.lock:
-            r = self.running.get(outcome.job.id)
-            if r is None or r.done or r.job is not outcome.job:
-                return  # a late result of an abandoned (timed-out) handler
-            r.done = True
-            del self.running[outcome.job.id]
-            self.timed.pop(outcome.job.id, None)
+        """(Under ``lock``.) Take ``outcome``'s job out of those in flight."""
+        r = self.running.get(outcome.job.id)
+        if r is None or r.done or r.job is not outcome.job:
+            return  # a late result of an abandoned (timed-out) handler
+        r.done = True
+        del self.running[outcome.job.id]
+        self.timed.pop(outcome.job.id, None)
         into.append((outcome, r))
 
     def timeout(self, task: Task) -> float | None:
@@ -363,8 +402,10 @@ class Handlers:
 class EventLoopThread:
     """One event loop on a daemon thread for the whole drain: async handlers run on it as
     tasks (``asyncio.wait_for`` for their timeouts), at most ``limit`` at once, their
-    outcomes handed back through ``done``. Jobs handed over beyond the limit wait here
-    (queued ahead, as for the handler threads) and can be taken back on shutdown.
+    outcomes handed back through ``done``, those of one turn of the loop as one list (1,000
+    tasks whose sleeps end together wake the drain loop once). Jobs handed over beyond the
+    limit wait here (queued ahead, as for the handler threads), start on the loop's thread
+    as soon as a task ends, and can be taken back on shutdown.
     Like the handler threads it does not hold up the process's exit: a task still running
     after the grace period is left to its lease."""
 
@@ -373,9 +414,18 @@ class EventLoopThread:
         self.may_start = may_start
         self.result_max_bytes = DEFAULT_RESULT_MAX_BYTES  # the Handlers' (result_max_bytes)
         self.active = 0
-        self.waiting: deque[tuple[Running, float | None, Callable[[Outcome], None]]] = deque()
+        self.waiting: deque[tuple[Running, float | None]] = deque()
+        # outcomes of this turn of the loop, handed back together at its end (loop's thread)
+        self.ended: list[Outcome] = []
+        self.done: Callable[[list[Outcome]], None] = lambda outcomes: None
         self.loop = asyncio.new_event_loop()
-        self.tasks: dict[int, asyncio.Future[Any]] = {}  # touched on the loop's thread only
+        # the task of each Running (by id(): a job retried in the same drain is a new one),
+        # touched on the loop's thread only
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        # the context each task starts from (a copy a task): the submitting thread's, as
+        # captured at the last hand-over, never another job's (a task started in the place
+        # of one that ended is made in that one's context otherwise)
+        self.context = contextvars.copy_context()
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._main, daemon=True,
                                        name="drainer-event-loop")
@@ -391,11 +441,19 @@ class EventLoopThread:
             self.loop.close()
 
     def submit(self, r: Running, timeout: float | None,
-               done: Callable[[Outcome], None]) -> None:
-        # jobs handed over together wake the loop once, not once each
+               done: Callable[[list[Outcome]], None]) -> None:
+        """Run ``r``'s handler; ``done`` is given a list of outcomes (``r``'s among them)."""
+        self.submit_many([(r, timeout)], done)
+
+    def submit_many(self, jobs: list[tuple[Running, float | None]],
+                    done: Callable[[list[Outcome]], None]) -> None:
+        """Run the handlers of ``jobs`` (each with its timeout); ``done`` is given the
+        outcomes, a list at a time. Jobs handed over together wake the loop once."""
+        self.done = done
+        self.context = contextvars.copy_context()
         with self.lock:
-            self.waiting.append((r, timeout, done))
-            wake = len(self.waiting) == 1 and self.active < self.limit
+            wake = not self.waiting and self.active < self.limit
+            self.waiting.extend(jobs)
         if wake:
             self.loop.call_soon_threadsafe(self._pump)
 
@@ -405,41 +463,75 @@ class EventLoopThread:
             with self.lock:
                 if not self.waiting or self.active >= self.limit or not self.may_start():
                     return
-                r, timeout, done = self.waiting.popleft()
-                self.active += 1
-            self._start(r, timeout, done)
+                n = min(len(self.waiting), self.limit - self.active)
+                starting = [self.waiting.popleft() for _ in range(n)]
+                self.active += n
+            for r, timeout in starting:
+                self._create(r, timeout)
 
     def take_back(self) -> list[Running]:
         with self.lock:
-            taken = [r for r, _, _ in self.waiting]
+            taken = [r for r, _ in self.waiting]
             self.waiting.clear()
         return taken
 
-    def _start(self, r: Running, timeout: float | None,
-               done: Callable[[Outcome], None]) -> None:
-        fut = asyncio.ensure_future(_run_async(r.task, r.job, timeout,
-                                               self.result_max_bytes))
-        self.tasks[r.job.id] = fut
+    async def _run(self, r: Running, timeout: float | None) -> None:
+        """One job's task: its handler (as :func:`_run_async`, inlined: this runs for every
+        job), then :meth:`_ended`."""
+        task, job = r.task, r.job
+        started = time.monotonic()
+        try:
+            with job_context(task, job) as span:
+                try:
+                    coro = task.func(job)
+                    value = await (coro if timeout is None else asyncio.wait_for(coro, timeout))
+                except BaseException as exc:  # a handler may raise anything
+                    outcome = raised(task, job, exc, timeout)
+                else:
+                    outcome = returned(task, job, value, self.result_max_bytes)
+                if span is not None:
+                    span.ended(outcome.ok, outcome.error)
+        except BaseException as exc:  # a lost outcome would leave the drain waiting forever
+            outcome = Outcome(job, task, False, f"{type(exc).__name__} while running the "
+                              "handler")
+        outcome.duration_s = round(time.monotonic() - started, 6)
+        self._ended(r, outcome)
 
-        def finished(f: asyncio.Future[Any]) -> None:
-            self.tasks.pop(r.job.id, None)
-            with self.lock:
+    def _ended(self, r: Running, outcome: Outcome) -> None:
+        """``r``'s task is over (once: a task cancelled before it began is ended by
+        :meth:`cancel`'s callback): its outcome goes back with the others of this turn of
+        the loop, and a job waiting starts in its place."""
+        if self.tasks.pop(id(r), None) is None:
+            return
+        if not self.ended:
+            self.loop.call_soon(self._hand_back)
+        self.ended.append(outcome)
+        with self.lock:
+            if not self.waiting or not self.may_start():
                 self.active -= 1
-            if f.cancelled():
-                outcome = Outcome(r.job, r.task, False, "CancelledError: handler cancelled")
-            else:
-                outcome = f.result()
-            done(outcome)
-            self._pump()
+                return
+            nxt, timeout = self.waiting.popleft()
+        self._create(nxt, timeout)
 
-        fut.add_done_callback(finished)
+    def _create(self, r: Running, timeout: float | None) -> None:
+        # Context.run: the task copies the hand-over's context (create_task(context=) is
+        # Python 3.11+ and would share one context among tasks)
+        self.tasks[id(r)] = self.context.run(self.loop.create_task, self._run(r, timeout))
+
+    def _hand_back(self) -> None:
+        """The outcomes of the tasks that ended in this turn of the loop, as one list."""
+        ended, self.ended = self.ended, []
+        if ended:
+            self.done(ended)
 
     def cancel(self, r: Running) -> None:
         """Cancel the task of ``r`` (abandoned past its timeout)."""
         def cancel() -> None:
-            fut = self.tasks.get(r.job.id)
-            if fut is not None:
-                fut.cancel()
+            task = self.tasks.get(id(r))
+            if task is not None:
+                task.cancel()
+                task.add_done_callback(lambda _: self._ended(r, Outcome(
+                    r.job, r.task, False, "CancelledError: handler cancelled")))
         if not self.loop.is_closed():
             self.loop.call_soon_threadsafe(cancel)
 
@@ -500,10 +592,13 @@ class HandlerThreads:
             t.start()
 
     def submit(self, r: Running) -> None:
+        self.submit_many([r])
+
+    def submit_many(self, rs: list[Running]) -> None:
         with self.cond:
-            self.work.append(r)
+            self.work.extend(rs)
             self.idle.clear()
-            self.cond.notify()
+            self.cond.notify(len(rs))
 
     def take_back(self) -> list[Running]:
         with self.cond:

@@ -101,8 +101,7 @@ class Drain:
     def step(self) -> None:
         """One turn of the loop while CLAIMING or DRAINED."""
         limit = self._check_limits()
-        if limit is None and self.phase is Phase.CLAIMING and not self.pending \
-                and not self.claims.ahead:
+        if limit is None and self._claim_due():
             # the successes buffered so far go with the claim (one round trip, not two)
             self._claim(with_successes=self.claims.can_combine() and not self._vacuum_due())
         if self.limits.must_release():
@@ -123,6 +122,39 @@ class Drain:
             self.phase = Phase.CLAIMING
         elif self.phase is Phase.DRAINED or limit is not None:
             self.phase = Phase.DONE
+
+    def _claim_due(self) -> bool:
+        """Whether the next in-step claim goes out now: while claiming, nothing claimed waits
+        to start and no claim is in flight; with concurrent handlers, once a share of their
+        slots is free (see :meth:`_refill_at`) or none is busy."""
+        if self.phase is not Phase.CLAIMING or self.pending or self.claims.ahead:
+            return False
+        h = self.handlers
+        return not self._refilling() or not h.in_flight() or h.room() >= self._refill_at()
+
+    def _refilling(self) -> bool:
+        """Claims wait for a share of free slots (:meth:`_refill_at`): concurrent handlers
+        on a queue whose claims carry completions (not transaction mode, max_running or
+        rate_limit: those claim in step, sized to the free handlers, as before)."""
+        return self.handlers.concurrency > 1 and self.claims._may_combine(self.claims.cursor)
+
+    def _refill_at(self) -> int:
+        """Concurrent handlers: free slots (of ``concurrency`` handlers and as many jobs
+        queued ahead of them) that make a claim worth sending: a quarter of the handlers, at
+        least a batch, at most all of them. The jobs queued ahead keep the handlers busy
+        while it is out, and the successes of those freed go with it (one statement, one
+        round trip and one commit for hundreds of jobs at --concurrency 1000, not one for
+        every few)."""
+        c = self.handlers.concurrency
+        return min(c, max(self.batch_size, c // 4))
+
+    def _holding(self) -> bool:
+        """Concurrent handlers while claiming: the buffered outcomes wait for the next claim
+        (:meth:`_claim_due`), which writes them in the same statement."""
+        return (self.handlers.concurrency > 1 and self.phase is Phase.CLAIMING
+                and not self.pending and not self.claims.ahead
+                and bool(self.handlers.in_flight()) and self.claims.can_combine()
+                and not self._vacuum_due() and self._check_limits() is None)
 
     def _again(self) -> bool:
         """Before exiting: claim again when follow-ups due now were just inserted (the
@@ -162,9 +194,15 @@ class Drain:
 
     def _hand_over(self) -> None:
         """Start what may start; once the batch is (nearly) handed over, claim the next ahead."""
-        while self.pending and self.handlers.has_room(self.pending[0]):
-            self.clock.start(time.monotonic())
-            self.handlers.start(self.pending.popleft())
+        starting: list[Running] = []
+        busy = self.handlers.in_flight()
+        while self.pending and busy + len(starting) < self.handlers.slots(self.pending[0]):
+            starting.append(self.pending.popleft())
+        if starting:
+            now = time.monotonic()
+            for _ in starting:
+                self.clock.start(now)
+            self.handlers.start_many(starting)
         # as many as the claims' window allows (see Claims.size: one, or more when the
         # round trip is long for the handlers' speed), once what waits to start runs out
         # within two round trips (sequential handlers take a large batch a few at a time)
@@ -198,7 +236,8 @@ class Drain:
         # them: the claim's size (grown to the round trip: they then go with the next
         # claim, not one round trip each --batch-size jobs)
         if not buffered or (self.pending and buffered < max(self.batch_size,
-                                                             self.claims.last_size)):
+                                                             self.claims.last_size)) \
+                or self._holding():
             return False
         if idle and self.phase is Phase.CLAIMING and self.claims.can_combine() \
                 and not self._vacuum_due() and self._check_limits() is None:
@@ -278,15 +317,29 @@ class Drain:
         full = not self.pending or busy >= self.handlers.slots(self.pending[0])
         if busy and full and self.handlers.wait_sequential(0.05):
             self._collect(0)
+        elif busy and full and not (self._refilling() and self._claim_due()):
+            self._collect(0.05, self._wanted(busy))
         else:
-            self._collect(0.05 if busy and full else 0)
+            self._collect(0)
         idle = not self.pending and not self.handlers.in_flight()
         if idle:
             self.clock.finish(time.monotonic())
         return idle
 
-    def _collect(self, block_for: float) -> None:
-        for outcome, r in self.handlers.wait(block_for):
+    def _wanted(self, busy: int) -> int:
+        """How many outcomes to wait for (up to 50 ms) before the next step has work to do:
+        with concurrent handlers, those that make a claim due, or in the drained tail a
+        share of what runs; else the first."""
+        if not self._refilling():
+            return 1
+        if self.phase is Phase.CLAIMING and not self.pending and not self.claims.ahead:
+            return max(1, self._refill_at() - self.handlers.room())
+        if self.phase is Phase.DRAINED:
+            return max(1, min(busy, self._refill_at()))
+        return 1
+
+    def _collect(self, block_for: float, want: int = 1) -> None:
+        for outcome, r in self.handlers.wait(block_for, want):
             self.outcomes.add(outcome, lost=r.lost)
 
     def _release(self, take_back: bool) -> None:

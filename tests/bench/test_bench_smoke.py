@@ -88,8 +88,11 @@ def test_bench_smoke_of_the_link_and_io_sections(pg_url: str, bench_db: str,
         row = empty[f"drainer run-once, {k}"]
         assert len(row["held_s"]) == 1 and row["held_s"][0] > 0, row
         assert row["connections"] == [1], row
-    io = {(r["handlers"], r["concurrency"]): r for r in results["io"]["runs"]}
+    io = {(r["handlers"], r["concurrency"]): r for r in results["io"]["runs"]
+          if r["contender"].startswith("drainer")}
     assert set(io) == {("async", 50), ("sync", 20)}
+    floors = [r for r in results["io"]["runs"] if r["contender"].startswith("no queue")]
+    assert len(floors) == 2 and all(len(r["jobs_per_s"]) == 1 for r in floors), floors
     for row in io.values():
         assert len(row["jobs_per_s"]) == 1 and row["ideal_jobs_per_s"] > 0, row
     assert plots.main([str(out.with_suffix(".json")), "--charts-only", "--out",

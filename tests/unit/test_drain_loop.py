@@ -179,6 +179,158 @@ def test_the_progress_line_is_drawn_after_writes_and_counts_at_most_each_second(
     assert jobs.sent.count("queue_summary") <= elapsed + 1
 
 
+def _concurrent(jobs: FakeJobs, registry: Registry, concurrency: int) -> Drain:
+    """A drain wired as run_once wires it: claims sized to the free handler slots."""
+    d = _drain(jobs, registry, concurrency=concurrency)
+    d.claims.room = d.handlers.free
+    return d
+
+
+def test_async_claims_go_out_as_slots_free_and_carry_the_successes() -> None:
+    import asyncio
+
+    jobs = FakeJobs()
+    jobs.add("a", 300)
+    ran: list[int] = []
+    registry = Registry()
+
+    @registry.task("a")
+    async def handler(job: Job) -> None:
+        ran.append(job.id)
+        await asyncio.sleep(0.02)
+
+    d = _concurrent(jobs, registry, 20)
+    d.run()
+    assert sorted(ran) == list(range(1, 301)) and jobs.statuses() == {"done": 300}
+    assert (d.report.claimed, d.report.succeeded, d.report.lost) == (300, 300, 0)
+    claims = [i for i, name in enumerate(jobs.sent)
+              if name in ("claim_batch", "complete_many_and_claim")]
+    # while claiming, every success went out with a claim: no completion on its own
+    assert "complete_many" not in jobs.sent[:claims[-1]]
+    assert jobs.sent[1] == "complete_many_and_claim"
+    # a claim waits for a quarter of the slots (at least a batch, 10), not one per outcome
+    assert len(claims) <= 300 // 10 + 2
+
+
+def test_a_turn_of_the_event_loop_hands_back_its_outcomes_together() -> None:
+    import asyncio
+
+    from drainer.drain.handlers import make_running
+    from tests.unit.fake_statements import T0
+
+    registry = Registry()
+
+    @registry.task("a")
+    async def handler(job: Job) -> None:
+        await asyncio.sleep(0.05)
+
+    from drainer.db import ClaimedRow
+
+    task = registry.tasks["a"]
+    h = Handlers(50, 10, None, lambda: True)
+    try:
+        rs = [make_running(task, ClaimedRow(i, "a", {}, 1, 5, 0, T0, T0, 1), 60.0, None)
+              for i in range(1, 101)]
+        h.start_many(rs)  # 50 run, 50 wait and start as the first end
+        started = time.monotonic()
+        first = h.wait(2.0, want=50)
+        assert len(first) >= 50 and time.monotonic() - started < 1.5
+        rest = first + h.wait(2.0, want=100 - len(first))
+        assert sorted(r.job.id for _, r in rest) == list(range(1, 101))
+        assert all(o.ok for o, _ in rest) and h.in_flight() == 0 and h.uncollected == 0
+    finally:
+        h.shutdown()
+
+
+def test_an_async_job_cancelled_before_its_first_step_frees_its_slot() -> None:
+    import asyncio
+
+    from drainer.db import ClaimedRow
+    from drainer.drain.handlers import EventLoopThread, make_running
+    from tests.unit.fake_statements import T0
+
+    registry = Registry()
+    ran: list[int] = []
+
+    @registry.task("a")
+    async def handler(job: Job) -> None:
+        ran.append(job.id)
+        await asyncio.sleep(0)
+
+    r = make_running(registry.tasks["a"], ClaimedRow(1, "a", {}, 1, 5, 0, T0, T0, 1), 60.0,
+                     None)
+    got: list[object] = []
+    done = threading.Event()
+    loop = EventLoopThread(1, lambda: True)
+    try:
+        def back(outcomes: list[object]) -> None:
+            got.extend(outcomes)
+            done.set()
+        # the loop's thread runs these in order: the task is made, then cancelled before
+        # its first step
+        loop.submit(r, None, back)  # type: ignore[arg-type]
+        loop.cancel(r)
+        assert done.wait(2)
+        assert ran == [] and loop.active == 0 and not loop.tasks
+        assert [getattr(o, "error", None) for o in got] == ["CancelledError: handler cancelled"]
+    finally:
+        loop.shutdown()
+
+
+def test_fewer_collections_while_drains_run_then_the_process_thresholds() -> None:
+    import gc
+
+    from drainer.drain import collector
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with collector.fewer_collections():
+            assert gc.get_threshold() == (collector.DRAIN_THRESHOLD, 10, 10)
+            with collector.fewer_collections():  # a second drain at once (serve)
+                assert gc.get_threshold()[0] == collector.DRAIN_THRESHOLD
+            assert gc.get_threshold()[0] == collector.DRAIN_THRESHOLD  # one still runs
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(50_000, 10, 10)  # a process that set it higher keeps its own
+        with collector.fewer_collections():
+            assert gc.get_threshold()[0] == 50_000
+        assert gc.get_threshold()[0] == 50_000
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_an_async_job_does_not_see_the_context_variables_of_the_job_before_it() -> None:
+    import asyncio
+    import contextvars
+
+    from drainer.db import ClaimedRow
+    from drainer.drain.handlers import make_running
+    from tests.unit.fake_statements import T0
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen: list[str] = []
+    registry = Registry()
+
+    @registry.task("a")
+    async def handler(job: Job) -> None:
+        seen.append(var.get())
+        var.set(f"job {job.id}")  # a handler's own binding (a structlog context, say)
+        await asyncio.sleep(0)
+
+    task = registry.tasks["a"]
+    h = Handlers(1, 10, None, lambda: True)  # one task at a time: each starts as one ends
+    token = var.set("the caller's")
+    try:
+        h.start_many([make_running(task, ClaimedRow(i, "a", {}, 1, 5, 0, T0, T0, 1), 60.0,
+                                   None) for i in range(1, 4)])
+        got = h.wait(2.0, want=3)
+        assert len(got) == 3 and h.in_flight() == 0
+    finally:
+        var.reset(token)
+        h.shutdown()
+    assert seen == ["the caller's"] * 3
+
+
 def test_a_rate_limited_queue_is_claimed_in_step_up_to_its_window_then_the_drain_ends() -> None:
     jobs = FakeJobs()
     jobs.add("a", 8)
