@@ -468,10 +468,12 @@ class Queries:
             rows = self._exec("run_start", {"table": self.table, "queues": list(queues),
                                             "latest": latest,
                                             "max_attempts": limits}).fetchall()
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
+                psycopg.errors.UndefinedColumn):
             if not self.conn.autocommit:
                 self.conn.rollback()
-            # no jobs table, or one older than the control table: say which version it is
+            # no jobs table, or one older than a table or column the statement reads (an
+            # upgrade without `drainer migrate`): say which version it is
             return self.schema_version(), [], [], set(), {}
         version = next((r[1] for r in rows if r[0] == "version"), None)
         reaped = [(r[1], r[2], r[3]) for r in rows if r[0] == "reaped"]

@@ -83,6 +83,27 @@ def test_flags_after_the_subcommand_and_env(pg_url: str, schema: str) -> None:
         1, 1, "max_jobs"), proc.stdout + proc.stderr
 
 
+def test_a_table_one_migration_behind_is_exit_4_for_the_drain_too(pg_url: str,
+                                                                    schema: str) -> None:
+    """An upgrade without `drainer migrate`: the statements read a column the table does
+    not have yet. The drain says to migrate (exit 4) as status does, not UndefinedColumn."""
+    from drainer.migrate import migrate
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        migrate(conn, schema, "jobs")
+        # back to version 6: undo 0007 (the control table's limit columns)
+        for column in ("max_running", "rate_count", "rate_period_s", "rate_at", "rate_n",
+                       "rate_next_at"):
+            conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(
+                sql.Identifier(schema, "jobs_queues"), sql.Identifier(column)))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE version = 7").format(
+            sql.Identifier(schema, "drainer_migrations")))
+    for args in (["run-once", "--app", "sample_jobs"], ["status"]):
+        proc = run_cli(args, pg_url=pg_url, schema=schema)
+        assert proc.returncode == 4, proc.stderr
+        assert "drainer migrate" in _one_line_error(proc)
+
+
 def test_exit_codes(pg_url: str, schema: str) -> None:
     proc = run_cli(["run-once", "--app", "sample_jobs"], pg_url=None, schema=schema)
     assert proc.returncode == 2 and "DRAINER_DATABASE_URL" in _one_line_error(proc)
