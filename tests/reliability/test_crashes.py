@@ -132,27 +132,34 @@ def test_sigterm_finishes_in_flight_releases_the_rest_and_exits_0(
     migrated: Settings, conn: psycopg.Connection[Any], pg_url: str, tmp_path: Path
 ) -> None:
     schema = migrated.schema_name
-    _enqueue(conn, schema, 10, sleep=2.0)
+    # the jobs in flight take 4 s: the release must be seen well before they end, also
+    # on a loaded machine (with 2 s jobs a 1.5 s wait was too tight under a parallel suite)
+    _enqueue(conn, schema, 10, sleep=4.0)
     proc = start_drainer(["run-once", "--concurrency", "2", "--batch-size", "10",
                           "--grace", "20", "--lease", "30"],
                          pg_url=pg_url, schema=schema, log_dir=tmp_path)
-    started = wait_for(lambda: executions(tmp_path) if len(executions(tmp_path)) >= 2
-                       else None, 30, "two jobs to start")
-    in_flight = {job_id for job_id, _a, _p in started}
-    proc.send_signal(signal.SIGTERM)
-    signalled = time.monotonic()
+    try:
+        started = wait_for(lambda: executions(tmp_path) if len(executions(tmp_path)) >= 2
+                           else None, 30, "two jobs to start")
+        in_flight = {job_id for job_id, _a, _p in started}
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
 
-    # The claimed jobs that had not started are back to queued at once, attempts given
-    # back, while the two in flight are still running.
-    def released() -> dict[int, dict[str, Any]] | None:
-        table = jobs(conn, schema)
-        queued = [r for r in table.values() if r["status"] == "queued"]
-        return table if len(queued) == 8 else None
+        # The claimed jobs that had not started are back to queued at once, attempts
+        # given back, while the two in flight are still running.
+        def released() -> dict[int, dict[str, Any]] | None:
+            table = jobs(conn, schema)
+            queued = [r for r in table.values() if r["status"] == "queued"]
+            return table if len(queued) == 8 else None
 
-    table = wait_for(released, 1.5, "the unstarted jobs to be released")
-    assert {i for i, r in table.items() if r["status"] == "running"} == in_flight
-    assert all(r["attempts"] == 0 and r["locked_until"] is None
-               for r in table.values() if r["status"] == "queued")
+        table = wait_for(released, 3.0, "the unstarted jobs to be released")
+        assert {i for i, r in table.items() if r["status"] == "running"} == in_flight
+        assert all(r["attempts"] == 0 and r["locked_until"] is None
+                   for r in table.values() if r["status"] == "queued")
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
 
     code, out, err = finish(proc, timeout=25)
     assert code == 0, err[-2000:]

@@ -267,10 +267,14 @@ def test_an_async_job_cancelled_before_its_first_step_frees_its_slot() -> None:
             got.extend(outcomes)
             done.set()
         # the loop's thread runs these in order: the task is made, then cancelled before
-        # its first step
+        # its first step (held until both are scheduled: on a loaded machine the thread
+        # could otherwise take the task's first step before cancel() is called)
+        hold = threading.Event()
+        loop.loop.call_soon_threadsafe(hold.wait, 5)
         loop.submit(r, None, back)  # type: ignore[arg-type]
         loop.cancel(r)
-        assert done.wait(2)
+        hold.set()
+        assert done.wait(5)
         assert ran == [] and loop.active == 0 and not loop.tasks
         assert [getattr(o, "error", None) for o in got] == ["CancelledError: handler cancelled"]
     finally:
