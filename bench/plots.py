@@ -105,6 +105,27 @@ def _tick_label(v: float) -> str:
     return f"{v:g}"
 
 
+def _svg_head(width: int, height: int, title: str) -> list[str]:
+    """The opening of a chart: the svg element, its title, a white ground, the heading."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" {FONT} font-size="12">',
+            f"<title>{_x(title)}</title>",
+            f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+            f'<text x="12" y="22" font-size="15" font-weight="600" fill="{INK}">'
+            f"{_x(title)}</text>"]
+
+
+def _legend(out: list[str], items: list[tuple[str, str]]) -> int:
+    """A swatch and a name for each (name, colour), in a row under the heading; returns
+    the x where the row ends."""
+    lx = 12
+    for name, colour in items:
+        out.append(f'<rect x="{lx}" y="34" width="12" height="12" fill="{colour}"/>')
+        out.append(f'<text x="{lx + 16}" y="44" fill="{INK}">{_x(name)}</text>')
+        lx += 28 + 7 * len(name)
+    return lx
+
+
 @dataclass
 class Bar:
     series: str
@@ -143,17 +164,8 @@ class Chart:
         rows = sum(len(g.bars) for g in self.groups)
         plot_h = rows * bar_h + len(self.groups) * gap
         height = top + plot_h + 40 + (18 if self.note else 0)
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-               f'viewBox="0 0 {width} {height}" role="img" {FONT} font-size="12">',
-               f"<title>{_x(self.title)}</title>",
-               f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
-               f'<text x="12" y="22" font-size="15" font-weight="600" fill="{INK}">'
-               f"{_x(self.title)}</text>"]
-        lx = 12
-        for s in series:  # the legend
-            out.append(f'<rect x="{lx}" y="34" width="12" height="12" fill="{colours[s]}"/>')
-            out.append(f'<text x="{lx + 16}" y="44" fill="{INK}">{_x(s)}</text>')
-            lx += 28 + 7 * len(s)
+        out = _svg_head(width, height, self.title)
+        lx = _legend(out, [(s, colours[s]) for s in series])
         if any(g.ref for g in self.groups):
             out.append(f'<line x1="{lx}" y1="34" x2="{lx}" y2="46" stroke="{INK}" '
                        'stroke-width="2" stroke-dasharray="3,2"/>')
@@ -224,18 +236,8 @@ class Curve:
         scale = plot_h / ticks[-1]
         step = plot_w / max(len(self.xs), 1)
         xpos = [left + step * (i + 0.5) for i in range(len(self.xs))]
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-               f'viewBox="0 0 {width} {height}" role="img" {FONT} font-size="12">',
-               f"<title>{_x(self.title)}</title>",
-               f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
-               f'<text x="12" y="22" font-size="15" font-weight="600" fill="{INK}">'
-               f"{_x(self.title)}</text>"]
-        lx = 12
-        for i, name in enumerate(self.series):
-            c = PALETTE[i % len(PALETTE)]
-            out.append(f'<rect x="{lx}" y="34" width="12" height="12" fill="{c}"/>')
-            out.append(f'<text x="{lx + 16}" y="44" fill="{INK}">{_x(name)}</text>')
-            lx += 28 + 7 * len(name)
+        out = _svg_head(width, height, self.title)
+        _legend(out, [(name, PALETTE[i % len(PALETTE)]) for i, name in enumerate(self.series)])
         base = top + plot_h
         for t in ticks:
             y = base - t * scale
