@@ -215,7 +215,14 @@ def test_post_drain_on_schedule_listen_answers_the_drains_run_id(
         assert status(conn, schema, job) == "done"
         run_id = answer["run_id"]
         assert answer["report"]["run_id"] == run_id
-        printed = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+        # the report is printed by the drain's thread, which may still be writing it when
+        # the HTTP answer arrives: wait for it (a wrong run_id never shows up)
+        deadline = time.monotonic() + 10
+        while True:
+            printed = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+            if run_id in [r["run_id"] for r in printed] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert run_id in [r["run_id"] for r in printed], (run_id, printed)
         proc.wait_log(f"jobs of this run: drainer jobs --run {run_id}")
         assert proc.terminate() == 0
