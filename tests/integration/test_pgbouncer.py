@@ -176,16 +176,15 @@ def test_heartbeat_through_pgbouncer_keeps_a_long_jobs_lease(
 
 def test_a_pooler_that_rejects_the_startup_options_is_a_config_error(
         pgbouncer: Bouncer, schema: str) -> None:  # noqa: F811
-    started = time.monotonic()
     p = run_cli(["status"], pg_url=pgbouncer.url, schema=schema, timeout=60,
                 DRAINER_SESSION_OPTIONS="true", DRAINER_CONNECT_RETRIES="5")
-    elapsed = time.monotonic() - started
     # PgBouncer < 1.20 rejects 'options' altogether, later ones the settings they do not
     # track (statement_timeout among them): the same message, the same answer
     assert p.returncode == 2, (p.returncode, p.stderr)
-    assert elapsed < 5, f"retried for {elapsed:.1f}s"
     assert "unsupported startup parameter" in p.stderr
     assert "DRAINER_SESSION_OPTIONS=false" in p.stderr and "ALTER ROLE" in p.stderr
+    # not retried: each retry logs "connect attempt N/6 failed ...; retrying" (a bound on
+    # the elapsed time said the same, and failed on a loaded machine)
     assert "retrying" not in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
 
