@@ -343,17 +343,67 @@ def _queue_names(queues: Sequence[str]) -> list[str]:
     return names
 
 
+# -- max_attempts: the task's or the row's --------------------------------------------------------
+
+
+def task_attempts_limits(app: str) -> dict[str, int | None]:
+    """Each queue of the app (``--app``) -> its task's max_attempts (None: the row's applies).
+
+    At run time a task's ``@task(max_attempts=...)`` (or its ``Retry(max_attempts=...)``)
+    overrides the row's max_attempts column, for the failure and for the reaper alike."""
+    from drainer.registry import default_registry, load_app
+
+    load_app(app)
+    return {queue: t.attempts_limit for queue, t in default_registry.tasks.items()}
+
+
+def with_attempts_applied(row: dict[str, Any], limits: dict[str, int | None]
+                          ) -> dict[str, Any]:
+    """``row`` with ``max_attempts_applied`` (what a drain applies) and
+    ``max_attempts_source`` ("task", or "row" when the task sets none or the app has no
+    handler for the queue); the row's own ``max_attempts`` is kept as it is."""
+    limit = limits.get(row["queue"])
+    return {**row, "max_attempts_applied": row["max_attempts"] if limit is None else limit,
+            "max_attempts_source": "row" if limit is None else "task"}
+
+
+def _attempts_ambiguous(row: dict[str, Any]) -> bool:
+    """Failed below the row's max_attempts, not cancelled: the row's figure does not say
+    why (a task's max_attempts, its discard_on or retry_on; ``--app`` tells)."""
+    error = row.get("error", row.get("last_error")) or ""
+    return (row["status"] == "failed" and row["attempts"] < row["max_attempts"]
+            and "max_attempts_source" not in row and not error.startswith("cancelled"))
+
+
+def _attempts(row: dict[str, Any]) -> str:
+    """``2/5`` (the row's max_attempts), ``2/2 (task)`` when the app's task sets it."""
+    if row.get("max_attempts_source") == "task":
+        return f"{row['attempts']}/{row['max_attempts_applied']} (task)"
+    return f"{row['attempts']}/{row['max_attempts']}"
+
+
+#: Under `drainer jobs` and `drainer show` when a failed job's attempts are below the row's
+#: max_attempts and no --app says the task's.
+AMBIGUOUS_ATTEMPTS_NOTE = (
+    "note: attempts/max is the row's max_attempts column; a task's @task(max_attempts=...) "
+    "overrides it at run time (and discard_on fails a job at once): pass --app to show "
+    "what applies")
+
+
 def render_jobs(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no jobs)"
     table: list[tuple[str, ...]] = [("id", "queue", "status", "attempts", "run_at",
                                      "locked_until", "finished_at", "last_error")]
     for r in rows:
-        table.append((str(r["id"]), r["queue"], r["status"],
-                      f"{r['attempts']}/{r['max_attempts']}", _short_time(r["run_at"]),
+        table.append((str(r["id"]), r["queue"], r["status"], _attempts(r),
+                      _short_time(r["run_at"]),
                       _short_time(r["locked_until"]), _short_time(r["finished_at"]),
                       (r["error"] or "")[:60]))
-    return "\n".join(text_table(table))
+    lines = text_table(table)
+    if any(_attempts_ambiguous(r) for r in rows):
+        lines.append(AMBIGUOUS_ATTEMPTS_NOTE)
+    return "\n".join(lines)
 
 
 def _short_time(value: str | None) -> str:
@@ -363,8 +413,11 @@ def _short_time(value: str | None) -> str:
 def render_job(job: dict[str, Any]) -> str:
     lines = []
     for key, value in job.items():
-        if key in ("payload", "last_error", "result"):
+        if key in ("payload", "last_error", "result", "max_attempts_applied",
+                   "max_attempts_source"):
             continue
+        if key == "max_attempts" and job.get("max_attempts_source") == "task":
+            value = f"{job['max_attempts_applied']} (task; the row's column: {value})"
         label = f"{key}:" if len(key) < 14 else f"{key}: "
         lines.append(f"{label:15s}{'-' if value is None else value}")
     lines.append("payload:")
@@ -377,6 +430,8 @@ def render_job(job: dict[str, Any]) -> str:
     lines.append("last_error:" + (" -" if job["last_error"] is None else ""))
     if job["last_error"] is not None:
         lines.append(job["last_error"].rstrip())
+    if _attempts_ambiguous(job):
+        lines.append(AMBIGUOUS_ATTEMPTS_NOTE)
     return "\n".join(lines)
 
 

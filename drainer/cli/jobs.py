@@ -243,13 +243,16 @@ def configure_jobs(sub: Any) -> None:
 
 
 def jobs_command(args: argparse.Namespace, settings: Settings) -> int:
-    from drainer.ops import list_jobs, render_jobs
+    from drainer.ops import list_jobs, render_jobs, task_attempts_limits, with_attempts_applied
 
     queues = queue_list(args.job_queue)
     if args.job_queue and not queues:
         raise ConfigError("--queue must not be empty")
+    limits = task_attempts_limits(settings.app) if settings.app else None
     rows = list_jobs(settings, queues=queues, status=args.status, limit=args.limit,
                      run_id=args.run_id)
+    if limits is not None:
+        rows = [with_attempts_applied(r, limits) for r in rows]
     emit(rows, render_jobs, as_json=args.json)
     return 0
 
@@ -266,12 +269,15 @@ def configure_show(sub: Any) -> None:
 
 
 def show_command(args: argparse.Namespace, settings: Settings) -> int:
-    from drainer.ops import get_job, render_job
+    from drainer.ops import get_job, render_job, task_attempts_limits, with_attempts_applied
 
     if (args.id is None) == (args.flag_id is None):
         raise ConfigError("show takes one job id: drainer show ID or drainer show --id ID")
-    emit(get_job(settings, args.id if args.id is not None else args.flag_id), render_job,
-         as_json=args.json)
+    limits = task_attempts_limits(settings.app) if settings.app else None
+    job = get_job(settings, args.id if args.id is not None else args.flag_id)
+    if limits is not None:
+        job = with_attempts_applied(job, limits)
+    emit(job, render_job, as_json=args.json)
     return 0
 
 
