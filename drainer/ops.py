@@ -410,26 +410,37 @@ def _short_time(value: str | None) -> str:
     return "-" if value is None else value[:19].replace("T", " ")
 
 
+#: Keys of a job that `drainer show` prints in their own way, or not at all.
+_SHOWN_APART = ("payload", "last_error", "result", "max_attempts_applied", "max_attempts_source")
+
+
 def render_job(job: dict[str, Any]) -> str:
+    """Every column as ``key: value``, the values in one column (the longest key's), then
+    the payload, the result and the full last_error below their keys (``-`` when none)."""
+    width = max(len(k) for k in [*job, "last_error"] if k not in _SHOWN_APART[3:]) + 2
+
+    def field(key: str, value: Any) -> str:
+        return f"{key + ':':{width}s}{'-' if value is None else value}"
+
     lines = []
     for key, value in job.items():
-        if key in ("payload", "last_error", "result", "max_attempts_applied",
-                   "max_attempts_source"):
+        if key in _SHOWN_APART:
             continue
         if key == "max_attempts" and job.get("max_attempts_source") == "task":
             value = f"{job['max_attempts_applied']} (task; the row's column: {value})"
-        label = f"{key}:" if len(key) < 14 else f"{key}: "
-        lines.append(f"{label:15s}{'-' if value is None else value}")
+        lines.append(field(key, value))
     lines.append("payload:")
     lines.append(json.dumps(job["payload"], indent=2, ensure_ascii=False))
     if job.get("result") is not None:
         lines.append("result:")
         lines.append(json.dumps(job["result"], indent=2, ensure_ascii=False))
     else:
-        lines.append("result:        -")
-    lines.append("last_error:" + (" -" if job["last_error"] is None else ""))
+        lines.append(field("result", None))
     if job["last_error"] is not None:
+        lines.append("last_error:")
         lines.append(job["last_error"].rstrip())
+    else:
+        lines.append(field("last_error", None))
     if _attempts_ambiguous(job):
         lines.append(AMBIGUOUS_ATTEMPTS_NOTE)
     return "\n".join(lines)
