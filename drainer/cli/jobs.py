@@ -19,7 +19,7 @@ from drainer.cli._output import (
     queue_list,
     seconds_arg,
 )
-from drainer.errors import ConfigError
+from drainer.errors import EXIT_ERROR, ConfigError
 from drainer.ops import DEFAULT_LIST_LIMIT, PURGEABLE, STATUSES
 
 if TYPE_CHECKING:
@@ -292,11 +292,13 @@ def configure_retry(sub: Any) -> None:
                         "of --id, --queue, --all-failed. Jobs whose dedup key is now held by "
                         "a queued or running job, and jobs cancelled while running whose "
                         "owner's lease has not run out yet, are skipped and counted; nothing "
-                        "else is touched. Prints the counts."))
+                        "else is touched. Prints the counts; exit 1 when none of the --id "
+                        "given exists."))
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
                        action="extend", help="These failed jobs (ids that are not failed "
-                       "are counted as not_failed / not_found and left alone).")
+                       "are counted as not_failed / not_found and left alone; unknown ids "
+                       "are named on stderr, exit 1 when none of them exists).")
     which.add_argument("--queue", dest="job_queue", metavar="QUEUE",
                        help="Every failed job of this queue.")
     which.add_argument("--all-failed", action="store_true",
@@ -312,7 +314,7 @@ def retry_command(args: argparse.Namespace, settings: Settings) -> int:
     report = retry_jobs(settings, ids=args.ids, queue=args.job_queue,
                         all_failed=args.all_failed, dry_run=args.dry_run)
     emit(report, render_counts, as_json=args.json)
-    return 0
+    return _ids_not_found("retry", args.ids, report, settings)
 
 
 def configure_cancel(sub: Any) -> None:
@@ -324,9 +326,12 @@ def configure_cancel(sub: Any) -> None:
                         "handler can stop, and its outcome is not written; a handler that "
                         "ignores job.cancelled runs to its end. Done and failed jobs are "
                         "left alone; jobs locked by a transaction (a transaction-mode job in "
-                        "flight) are counted as busy. Prints the counts."))
+                        "flight) are counted as busy. Prints the counts; exit 1 when none "
+                        "of the ids given exists."))
     p.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
-                   action="extend", required=True, help="The jobs to cancel.")
+                   action="extend", required=True, help="The jobs to cancel (unknown ids are "
+                   "counted as not_found and named on stderr; exit 1 when none of them "
+                   "exists).")
     p.add_argument("--dry-run", action="store_true",
                    help="Report what would be cancelled; change nothing.")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -337,6 +342,27 @@ def cancel_command(args: argparse.Namespace, settings: Settings) -> int:
 
     report = cancel_jobs(settings, args.ids, dry_run=args.dry_run)
     emit(report, render_counts, as_json=args.json)
+    return _ids_not_found("cancel", args.ids, report, settings)
+
+
+def _ids_not_found(command: str, ids: list[int] | None, report: dict[str, Any],
+                   settings: Settings) -> int:
+    """After the report: one line on stderr naming the ``--id`` values not in the table.
+    Exit 1 when none of them is (as ``drainer show`` of an unknown id), else a warning and
+    exit 0 (the others were handled)."""
+    missing = int(report.get("not_found", 0))
+    if not ids or not missing:
+        return 0
+    named = [str(i) for i in report.get("not_found_ids", [])]
+    if missing > len(named):
+        named.append(f"and {missing - len(named)} more")
+    where = f"{settings.schema_name}.{settings.table}"
+    job = "job" if missing == 1 else "jobs"
+    if missing >= len(set(ids)):
+        sys.stderr.write(f"drainer {command}: no {job} {', '.join(named)} in {where}\n")
+        return EXIT_ERROR
+    sys.stderr.write(f"drainer {command}: warning: no {job} {', '.join(named)} in {where} "
+                     "(counted as not_found; the other ids were handled)\n")
     return 0
 
 

@@ -226,3 +226,35 @@ def test_attempts_are_shown_against_the_task_max_attempts_with_app(
     assert "max_attempts_applied" not in ok_json(["jobs"], pg_url, schema)[0]
     shown = ok_json(["show", str(enq["id"]), "--app", "ops_jobs"], pg_url, schema)
     assert (shown["max_attempts_applied"], shown["max_attempts_source"]) == (2, "task")
+
+
+def test_retry_and_cancel_of_unknown_ids_name_them_and_exit_1_when_none_exists(
+        migrated: Settings, conn: Conn, pg_url: str, schema: str) -> None:
+    """As `drainer show` of an unknown id: exit 1 when no --id exists (the report still on
+    stdout, its keys unchanged); some found: exit 0, a warning naming the others."""
+    [failed] = add(conn, migrated, "mail", 1, status="failed")
+    [queued] = add(conn, migrated, "mail", 1)
+    before = snapshot(conn, migrated)
+    for command in (["retry"], ["cancel"], ["retry", "--dry-run"]):
+        p = run_cli([*command, "--id", "424242", "424243"], pg_url=pg_url, schema=schema)
+        assert p.returncode == 1, (p.stdout, p.stderr)
+        assert _said(p.stderr) == [f"drainer {command[0]}: no jobs 424242, 424243 in "
+                                   f"{schema}.jobs"]
+        report = json.loads(p.stdout)
+        assert report["not_found"] == 2 and report["not_found_ids"] == [424242, 424243]
+    assert snapshot(conn, migrated) == before
+
+    for command, some in ((["retry"], failed), (["cancel"], queued)):
+        p = run_cli([*command, "--id", str(some), "424242"], pg_url=pg_url, schema=schema)
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        assert _said(p.stderr) == [
+            f"drainer {command[0]}: warning: no job 424242 in {schema}.jobs (counted as "
+            "not_found; the other ids were handled)"]
+        assert json.loads(p.stdout)["not_found"] == 1
+    p = run_cli(["cancel", "--id", str(failed)], pg_url=pg_url, schema=schema)
+    assert p.returncode == 0 and _said(p.stderr) == []  # found, finished: no warning
+
+
+def _said(stderr: str) -> list[str]:
+    """The lines of stderr that are not log records (JSON lines)."""
+    return [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("{")]
