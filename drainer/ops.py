@@ -343,40 +343,106 @@ def _queue_names(queues: Sequence[str]) -> list[str]:
     return names
 
 
+# -- max_attempts: the task's or the row's --------------------------------------------------------
+
+
+def task_attempts_limits(app: str) -> dict[str, int | None]:
+    """Each queue of the app (``--app``) -> its task's max_attempts (None: the row's applies).
+
+    At run time a task's ``@task(max_attempts=...)`` (or its ``Retry(max_attempts=...)``)
+    overrides the row's max_attempts column, for the failure and for the reaper alike."""
+    from drainer.registry import default_registry, load_app
+
+    load_app(app)
+    return {queue: t.attempts_limit for queue, t in default_registry.tasks.items()}
+
+
+def with_attempts_applied(row: dict[str, Any], limits: dict[str, int | None]
+                          ) -> dict[str, Any]:
+    """``row`` with ``max_attempts_applied`` (what a drain applies) and
+    ``max_attempts_source`` ("task", or "row" when the task sets none or the app has no
+    handler for the queue); the row's own ``max_attempts`` is kept as it is."""
+    limit = limits.get(row["queue"])
+    return {**row, "max_attempts_applied": row["max_attempts"] if limit is None else limit,
+            "max_attempts_source": "row" if limit is None else "task"}
+
+
+def _attempts_ambiguous(row: dict[str, Any]) -> bool:
+    """Failed below the row's max_attempts, not cancelled: the row's figure does not say
+    why (a task's max_attempts, its discard_on or retry_on; ``--app`` tells)."""
+    error = row.get("error", row.get("last_error")) or ""
+    return (row["status"] == "failed" and row["attempts"] < row["max_attempts"]
+            and "max_attempts_source" not in row and not error.startswith("cancelled"))
+
+
+def _attempts(row: dict[str, Any]) -> str:
+    """``2/5`` (the row's max_attempts), ``2/2 (task)`` when the app's task sets it."""
+    if row.get("max_attempts_source") == "task":
+        return f"{row['attempts']}/{row['max_attempts_applied']} (task)"
+    return f"{row['attempts']}/{row['max_attempts']}"
+
+
+#: Under `drainer jobs` and `drainer show` when a failed job's attempts are below the row's
+#: max_attempts and no --app says the task's.
+AMBIGUOUS_ATTEMPTS_NOTE = (
+    "note: attempts/max is the row's max_attempts column; a task's @task(max_attempts=...) "
+    "overrides it at run time (and discard_on fails a job at once): pass --app to show "
+    "what applies")
+
+
 def render_jobs(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no jobs)"
     table: list[tuple[str, ...]] = [("id", "queue", "status", "attempts", "run_at",
                                      "locked_until", "finished_at", "last_error")]
     for r in rows:
-        table.append((str(r["id"]), r["queue"], r["status"],
-                      f"{r['attempts']}/{r['max_attempts']}", _short_time(r["run_at"]),
+        table.append((str(r["id"]), r["queue"], r["status"], _attempts(r),
+                      _short_time(r["run_at"]),
                       _short_time(r["locked_until"]), _short_time(r["finished_at"]),
                       (r["error"] or "")[:60]))
-    return "\n".join(text_table(table))
+    lines = text_table(table)
+    if any(_attempts_ambiguous(r) for r in rows):
+        lines.append(AMBIGUOUS_ATTEMPTS_NOTE)
+    return "\n".join(lines)
 
 
 def _short_time(value: str | None) -> str:
     return "-" if value is None else value[:19].replace("T", " ")
 
 
+#: Keys of a job that `drainer show` prints in their own way, or not at all.
+_SHOWN_APART = ("payload", "last_error", "result", "max_attempts_applied", "max_attempts_source")
+
+
 def render_job(job: dict[str, Any]) -> str:
+    """Every column as ``key: value``, the values in one column (the longest key's), then
+    the payload, the result and the full last_error below their keys (``-`` when none)."""
+    width = max(len(k) for k in [*job, "last_error"] if k not in _SHOWN_APART[3:]) + 2
+
+    def field(key: str, value: Any) -> str:
+        return f"{key + ':':{width}s}{'-' if value is None else value}"
+
     lines = []
     for key, value in job.items():
-        if key in ("payload", "last_error", "result"):
+        if key in _SHOWN_APART:
             continue
-        label = f"{key}:" if len(key) < 14 else f"{key}: "
-        lines.append(f"{label:15s}{'-' if value is None else value}")
+        if key == "max_attempts" and job.get("max_attempts_source") == "task":
+            value = f"{job['max_attempts_applied']} (task; the row's column: {value})"
+        lines.append(field(key, value))
     lines.append("payload:")
     lines.append(json.dumps(job["payload"], indent=2, ensure_ascii=False))
     if job.get("result") is not None:
         lines.append("result:")
         lines.append(json.dumps(job["result"], indent=2, ensure_ascii=False))
     else:
-        lines.append("result:        -")
-    lines.append("last_error:" + (" -" if job["last_error"] is None else ""))
+        lines.append(field("result", None))
     if job["last_error"] is not None:
+        lines.append("last_error:")
         lines.append(job["last_error"].rstrip())
+    else:
+        lines.append(field("last_error", None))
+    if _attempts_ambiguous(job):
+        lines.append(AMBIGUOUS_ATTEMPTS_NOTE)
     return "\n".join(lines)
 
 

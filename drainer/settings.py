@@ -208,7 +208,8 @@ class Settings(BaseSettings):
     # -- handlers and the drain -----------------------------------------------------------------
     app: str | None = _opt(
         None, "Python module that registers handlers with @task (e.g. myapp.jobs). For "
-        "enqueue: the queue must have a handler in it.", "run", "enqueue", "app"
+        "enqueue: the queue must have a handler in it. For jobs and show: attempts are shown "
+        "against the task's max_attempts when it sets one.", "run", "enqueue", "app"
     )
     queues: QueueList = _opt(
         None,

@@ -4,6 +4,7 @@ connections, the verdict, and the table ``drainer audit`` prints."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 from drainer.waking import fmt_seconds
@@ -140,8 +141,12 @@ def format_table(result: AuditResult) -> str:
         out.append("no sessions seen (other than the audit's own)")
     if result.counters != "on":
         out.append(f"connections shorter than a sample: not counted ({result.counters})")
+    before = (result.longest_quiet_gap_from is not None
+              and datetime.fromisoformat(result.longest_quiet_gap_from)
+              < datetime.fromisoformat(result.started_at))
     out.append(f"longest quiet gap: {fmt_seconds(result.longest_quiet_gap_s)}"
-               + (f" (from {result.longest_quiet_gap_from})"
+               + (f" (from {result.longest_quiet_gap_from}"
+                  f"{', before the window' if before else ''})"
                   if result.longest_quiet_gap_from else ""))
     out.append(result.verdict)
     return "\n".join(out) + "\n"

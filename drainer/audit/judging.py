@@ -137,7 +137,9 @@ def judge(activity: Activity, idle: IdleTimeout) -> AuditResult:
 
     instants = sorted({t for tr in tracks.values() for t in tr.activity} | unseen_times)
     gap, gap_from, gap_to = _longest_quiet_gap(instants, start, end)
-    inside_gap = _longest_quiet_gap([t for t in instants if t > start], start, end)[0]
+    inside_gap, inside_from, inside_to = _longest_quiet_gap(
+        [t for t in instants if t > start], start, end)
+    quiet = _Quiet(gap, gap_from, gap_to, inside_gap, inside_from, inside_to)
     last_activity = max((t for t in instants if t <= end), default=None)
     window = (end - start).total_seconds()
     awake = (window if idle.never_suspends else covered_seconds(
@@ -154,8 +156,8 @@ def judge(activity: Activity, idle: IdleTimeout) -> AuditResult:
         verdict = (f"keeps the compute awake: {len(keeping)} of "
                    f"{len(sessions) + len(clients) + len(unseen)} session(s)/clients "
                    f"with a {fmt_seconds(idle.seconds)} "
-                   f"idle timeout ({idle.source}); longest quiet gap "
-                   f"{fmt_seconds(gap)}")
+                   f"idle timeout ({idle.source}); longest quiet gap: "
+                   f"{quiet.words(start, end, idle.seconds).removeprefix('for ')}")
     elif window >= idle.seconds and inside_gap < idle.seconds:
         could = False
         verdict = (f"keeps the compute awake: activity from several sessions left no quiet "
@@ -165,8 +167,9 @@ def judge(activity: Activity, idle: IdleTimeout) -> AuditResult:
         could = True
         suspend_at = (last_activity or start) + timedelta(seconds=idle.seconds)
         if gap >= idle.seconds:
-            verdict = (f"could suspend: quiet for {fmt_seconds(gap)}, longer than the "
-                       f"{fmt_seconds(idle.seconds)} idle timeout ({idle.source})")
+            verdict = (f"could suspend: quiet {quiet.words(start, end, idle.seconds)}, "
+                       f"longer than the {fmt_seconds(idle.seconds)} idle timeout "
+                       f"({idle.source})")
         else:
             verdict = (f"could suspend: nothing keeps it awake; with no new activity it "
                        f"suspends at about {suspend_at.isoformat(timespec='seconds')} "
@@ -187,6 +190,48 @@ def judge(activity: Activity, idle: IdleTimeout) -> AuditResult:
         filters=activity.filters.as_dict(),
         activity_times=[t.isoformat() for t in instants],
     )
+
+
+@dataclass(frozen=True)
+class _Quiet:
+    """The longest quiet gap, and the same capped to the window (its start as activity)."""
+
+    gap: float
+    since: datetime | None
+    until: datetime | None
+    capped: float
+    capped_since: datetime | None
+    capped_until: datetime | None
+
+    def words(self, start: datetime, end: datetime, idle_s: float) -> str:
+        """The quiet gap in the words of the window sampled: ``for 30 s of the 60 s window
+        (12:00:30 .. 12:01:00)``. A gap that began before the window (an idle session's
+        last state change an hour ago) is not said to be the window's: ``for the whole
+        60 s window (and since 11:00:00 before it: 60.1 min)``, or, when only the part
+        before the window is longer than the idle timeout, ``since 11:58:20 (before the
+        window) until 12:00:01: 101 s``."""
+        window = fmt_seconds((end - start).total_seconds())
+        before = self.since is not None and self.since < start
+        if self.capped_since == start and self.capped_until == end:
+            extra = (f" (and since {_clock(self.since, start)} before it: "
+                     f"{fmt_seconds(self.gap)})" if before and self.since else "")
+            return f"for the whole {window} window{extra}"
+        if self.capped >= idle_s or self.gap < idle_s or not before or self.since is None:
+            where = (f" ({_clock(self.capped_since, start)} .. "
+                     f"{_clock(self.capped_until, start)})"
+                     if self.capped_since and self.capped_until else "")
+            return f"for {fmt_seconds(self.capped)} of the {window} window{where}"
+        until = f" until {_clock(self.until, start)}" if self.until else ""
+        return (f"since {_clock(self.since, start)} (before the window){until}: "
+                f"{fmt_seconds(self.gap)}")
+
+
+def _clock(t: datetime, start: datetime) -> str:
+    """``11:00:00`` on the window's day (in its time zone), else the ISO time."""
+    local = t.astimezone(start.tzinfo)
+    if local.date() == start.date():
+        return local.strftime("%H:%M:%S")
+    return local.isoformat(timespec="seconds")
 
 
 def _longest_quiet_gap(instants: list[datetime], start: datetime, end: datetime

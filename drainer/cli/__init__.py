@@ -13,6 +13,7 @@ loads APScheduler or the HTTP server.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Sequence
@@ -58,6 +59,7 @@ assert len(_CONFIGURE) == len(_SCOPES)
 
 
 def build_parser() -> Parser:
+    """The ``drainer`` parser; :func:`command_parsers` gives each command's."""
     parser = Parser(
         prog="drainer",
         description="Drain a PostgreSQL job table and exit, so a serverless database can "
@@ -77,6 +79,14 @@ def build_parser() -> Parser:
     return parser
 
 
+def command_parsers(parser: Parser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser in the parser of :func:`build_parser`."""
+    for action in parser._actions:  # argparse keeps no public handle on its subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def _flags_before_command(parser: Parser, argv: Sequence[str]) -> None:
     """``drainer --database-url URL status``: say that flags go after the command (exit 2)."""
     if not argv or not argv[0].startswith("-") or argv[0] in ("-h", "--help", "--version"):
@@ -94,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     _flags_before_command(parser, argv)
-    args = parser.parse_args(argv)
+    args = parser.parse_command_line(argv, command_parsers(parser))
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE

@@ -32,8 +32,8 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "serve": ("db", "run", "trigger"),
     "worker": ("db", "run", "wake"),
     "audit": ("db", "wake"),
-    "jobs": ("db",),
-    "show": ("db",),
+    "jobs": ("db", "app"),
+    "show": ("db", "app"),
     "retry": ("db",),
     "cancel": ("db",),
     "purge": ("db",),
@@ -54,6 +54,19 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {redact(message)} (see {self.prog} --help)\n")
         raise SystemExit(EXIT_USAGE)
+
+    def parse_command_line(self, argv: Sequence[str],
+                           commands: dict[str, argparse.ArgumentParser]) -> argparse.Namespace:
+        """``parse_args``, but arguments that the command does not take are the command's
+        error (``drainer run-once: error: unrecognized arguments: --bogus``, see
+        ``drainer run-once --help``): argparse hands a subcommand's leftovers up to the
+        top parser, whose error named only ``drainer``. ``commands``: each command's
+        parser (the ``choices`` of the subparsers)."""
+        args, extra = self.parse_known_args(argv)
+        if extra:
+            command = commands.get(getattr(args, "command", None) or "", self)
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+        return args
 
 
 def add_command(sub: Any, name: str, help_text: str, func: Command, *,

@@ -19,7 +19,7 @@ from drainer.cli._output import (
     queue_list,
     seconds_arg,
 )
-from drainer.errors import ConfigError
+from drainer.errors import EXIT_ERROR, ConfigError
 from drainer.ops import DEFAULT_LIST_LIMIT, PURGEABLE, STATUSES
 
 if TYPE_CHECKING:
@@ -243,13 +243,16 @@ def configure_jobs(sub: Any) -> None:
 
 
 def jobs_command(args: argparse.Namespace, settings: Settings) -> int:
-    from drainer.ops import list_jobs, render_jobs
+    from drainer.ops import list_jobs, render_jobs, task_attempts_limits, with_attempts_applied
 
     queues = queue_list(args.job_queue)
     if args.job_queue and not queues:
         raise ConfigError("--queue must not be empty")
+    limits = task_attempts_limits(settings.app) if settings.app else None
     rows = list_jobs(settings, queues=queues, status=args.status, limit=args.limit,
                      run_id=args.run_id)
+    if limits is not None:
+        rows = [with_attempts_applied(r, limits) for r in rows]
     emit(rows, render_jobs, as_json=args.json)
     return 0
 
@@ -266,12 +269,15 @@ def configure_show(sub: Any) -> None:
 
 
 def show_command(args: argparse.Namespace, settings: Settings) -> int:
-    from drainer.ops import get_job, render_job
+    from drainer.ops import get_job, render_job, task_attempts_limits, with_attempts_applied
 
     if (args.id is None) == (args.flag_id is None):
         raise ConfigError("show takes one job id: drainer show ID or drainer show --id ID")
-    emit(get_job(settings, args.id if args.id is not None else args.flag_id), render_job,
-         as_json=args.json)
+    limits = task_attempts_limits(settings.app) if settings.app else None
+    job = get_job(settings, args.id if args.id is not None else args.flag_id)
+    if limits is not None:
+        job = with_attempts_applied(job, limits)
+    emit(job, render_job, as_json=args.json)
     return 0
 
 
@@ -286,11 +292,13 @@ def configure_retry(sub: Any) -> None:
                         "of --id, --queue, --all-failed. Jobs whose dedup key is now held by "
                         "a queued or running job, and jobs cancelled while running whose "
                         "owner's lease has not run out yet, are skipped and counted; nothing "
-                        "else is touched. Prints the counts."))
+                        "else is touched. Prints the counts; exit 1 when none of the --id "
+                        "given exists."))
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
                        action="extend", help="These failed jobs (ids that are not failed "
-                       "are counted as not_failed / not_found and left alone).")
+                       "are counted as not_failed / not_found and left alone; unknown ids "
+                       "are named on stderr, exit 1 when none of them exists).")
     which.add_argument("--queue", dest="job_queue", metavar="QUEUE",
                        help="Every failed job of this queue.")
     which.add_argument("--all-failed", action="store_true",
@@ -306,7 +314,7 @@ def retry_command(args: argparse.Namespace, settings: Settings) -> int:
     report = retry_jobs(settings, ids=args.ids, queue=args.job_queue,
                         all_failed=args.all_failed, dry_run=args.dry_run)
     emit(report, render_counts, as_json=args.json)
-    return 0
+    return _ids_not_found("retry", args.ids, report, settings)
 
 
 def configure_cancel(sub: Any) -> None:
@@ -318,9 +326,12 @@ def configure_cancel(sub: Any) -> None:
                         "handler can stop, and its outcome is not written; a handler that "
                         "ignores job.cancelled runs to its end. Done and failed jobs are "
                         "left alone; jobs locked by a transaction (a transaction-mode job in "
-                        "flight) are counted as busy. Prints the counts."))
+                        "flight) are counted as busy. Prints the counts; exit 1 when none "
+                        "of the ids given exists."))
     p.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
-                   action="extend", required=True, help="The jobs to cancel.")
+                   action="extend", required=True, help="The jobs to cancel (unknown ids are "
+                   "counted as not_found and named on stderr; exit 1 when none of them "
+                   "exists).")
     p.add_argument("--dry-run", action="store_true",
                    help="Report what would be cancelled; change nothing.")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -331,6 +342,27 @@ def cancel_command(args: argparse.Namespace, settings: Settings) -> int:
 
     report = cancel_jobs(settings, args.ids, dry_run=args.dry_run)
     emit(report, render_counts, as_json=args.json)
+    return _ids_not_found("cancel", args.ids, report, settings)
+
+
+def _ids_not_found(command: str, ids: list[int] | None, report: dict[str, Any],
+                   settings: Settings) -> int:
+    """After the report: one line on stderr naming the ``--id`` values not in the table.
+    Exit 1 when none of them is (as ``drainer show`` of an unknown id), else a warning and
+    exit 0 (the others were handled)."""
+    missing = int(report.get("not_found", 0))
+    if not ids or not missing:
+        return 0
+    named = [str(i) for i in report.get("not_found_ids", [])]
+    if missing > len(named):
+        named.append(f"and {missing - len(named)} more")
+    where = f"{settings.schema_name}.{settings.table}"
+    job = "job" if missing == 1 else "jobs"
+    if missing >= len(set(ids)):
+        sys.stderr.write(f"drainer {command}: no {job} {', '.join(named)} in {where}\n")
+        return EXIT_ERROR
+    sys.stderr.write(f"drainer {command}: warning: no {job} {', '.join(named)} in {where} "
+                     "(counted as not_found; the other ids were handled)\n")
     return 0
 
 

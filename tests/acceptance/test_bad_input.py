@@ -88,7 +88,8 @@ CASES: dict[str, Case] = {
     "zero lease (env)": Case(RUN, 2, "DRAINER_LEASE", env={"DRAINER_LEASE": "0"}),
     "zero concurrency (env)": Case(RUN, 2, "DRAINER_CONCURRENCY",
                                    env={"DRAINER_CONCURRENCY": "0"}),
-    "unknown flag": Case([*RUN, "--no-such-flag"], 2, "unrecognized arguments"),
+    "unknown flag": Case([*RUN, "--no-such-flag"], 2,
+                         "drainer run-once: error: unrecognized arguments: --no-such-flag"),
     "unknown command": Case(["frobnicate"], 2, "invalid choice"),
 }
 

@@ -128,7 +128,12 @@ def test_exit_codes(pg_url: str, schema: str) -> None:
                    schema=schema)
     assert proc.returncode == 2 and "--batch-size" in _one_line_error(proc)
     proc = run_cli(["run-once", "--bogus"], pg_url=pg_url, schema=schema)
-    assert proc.returncode == 2 and "--bogus" in _one_line_error(proc)
+    assert proc.returncode == 2 and _one_line_error(proc) == (  # the command's, not drainer's
+        "drainer run-once: error: unrecognized arguments: --bogus "
+        "(see drainer run-once --help)")
+    proc = run_cli(["show", "1", "2"], pg_url=pg_url, schema=schema)
+    assert proc.returncode == 2 and _one_line_error(proc).startswith(
+        "drainer show: error: unrecognized arguments: 2")
     proc = run_cli(["enqueue", "q", "{not json"], pg_url=pg_url, schema=schema)
     assert proc.returncode == 2 and "invalid JSON" in _one_line_error(proc)
     proc = run_cli(["enqueue", "q"], pg_url=pg_url, schema=schema, input='{"a": 1}\n{oops\n')

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -192,3 +193,68 @@ def test_purge_counts_are_exact_on_a_bigger_table(migrated: Settings, conn: Conn
     left = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
         sql.Identifier(schema, "jobs"))).fetchone()
     assert left == (3,)
+
+
+def test_attempts_are_shown_against_the_task_max_attempts_with_app(
+        migrated: Settings, conn: Conn, pg_url: str, schema: str) -> None:
+    """A job failed for good by @task(max_attempts=2) is 2/2 (task) with --app, not 2/5;
+    without --app the row's 5 stays, with a note that it may not be what applied."""
+    enq = ok_json(["enqueue", "fails_twice", "{}"], pg_url, schema)
+    for _ in range(2):  # one attempt a run: the retry is due 1 ms later
+        conn.execute(sql.SQL("UPDATE {} SET run_at = now() WHERE status = 'queued'").format(
+            sql.Identifier(schema, "jobs")))
+        p = run_cli(["run-once", "--app", "ops_jobs", "--retry-base", "0.001"], pg_url=pg_url,
+                    schema=schema)
+        assert p.returncode == 0, p.stderr
+    job = row(conn, migrated, enq["id"])
+    assert (job["status"], job["attempts"], job["max_attempts"]) == ("failed", 2, 5)
+    env = cli_env(pg_url, schema)
+
+    code, out = run_in_pty(["jobs", "--app", "ops_jobs"], env)
+    assert code == 0 and " 2/2 (task) " in out and "2/5" not in out, out
+    code, out = run_in_pty(["jobs"], env)
+    assert code == 0 and " 2/5 " in out and "pass --app" in out, out
+    code, out = run_in_pty(["show", str(enq["id"]), "--app", "ops_jobs"], env)
+    assert code == 0 and re.search(r"max_attempts: +2 \(task; the row's column: 5\)", out), out
+    assert "pass --app" not in out
+    code, out = run_in_pty(["show", str(enq["id"])], env)
+    assert code == 0 and re.search(r"max_attempts: +5\s", out) and "pass --app" in out, out
+
+    listed = ok_json(["jobs", "--app", "ops_jobs"], pg_url, schema)
+    assert listed[0]["max_attempts"] == 5  # the column, as before
+    assert (listed[0]["max_attempts_applied"], listed[0]["max_attempts_source"]) == (2, "task")
+    assert "max_attempts_applied" not in ok_json(["jobs"], pg_url, schema)[0]
+    shown = ok_json(["show", str(enq["id"]), "--app", "ops_jobs"], pg_url, schema)
+    assert (shown["max_attempts_applied"], shown["max_attempts_source"]) == (2, "task")
+
+
+def test_retry_and_cancel_of_unknown_ids_name_them_and_exit_1_when_none_exists(
+        migrated: Settings, conn: Conn, pg_url: str, schema: str) -> None:
+    """As `drainer show` of an unknown id: exit 1 when no --id exists (the report still on
+    stdout, its keys unchanged); some found: exit 0, a warning naming the others."""
+    [failed] = add(conn, migrated, "mail", 1, status="failed")
+    [queued] = add(conn, migrated, "mail", 1)
+    before = snapshot(conn, migrated)
+    for command in (["retry"], ["cancel"], ["retry", "--dry-run"]):
+        p = run_cli([*command, "--id", "424242", "424243"], pg_url=pg_url, schema=schema)
+        assert p.returncode == 1, (p.stdout, p.stderr)
+        assert _said(p.stderr) == [f"drainer {command[0]}: no jobs 424242, 424243 in "
+                                   f"{schema}.jobs"]
+        report = json.loads(p.stdout)
+        assert report["not_found"] == 2 and report["not_found_ids"] == [424242, 424243]
+    assert snapshot(conn, migrated) == before
+
+    for command, some in ((["retry"], failed), (["cancel"], queued)):
+        p = run_cli([*command, "--id", str(some), "424242"], pg_url=pg_url, schema=schema)
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        assert _said(p.stderr) == [
+            f"drainer {command[0]}: warning: no job 424242 in {schema}.jobs (counted as "
+            "not_found; the other ids were handled)"]
+        assert json.loads(p.stdout)["not_found"] == 1
+    p = run_cli(["cancel", "--id", str(failed)], pg_url=pg_url, schema=schema)
+    assert p.returncode == 0 and _said(p.stderr) == []  # found, finished: no warning
+
+
+def _said(stderr: str) -> list[str]:
+    """The lines of stderr that are not log records (JSON lines)."""
+    return [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("{")]

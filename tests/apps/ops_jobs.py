@@ -15,3 +15,9 @@ def slowish(job: Job) -> None:
 @task("fails")
 def fails(job: Job) -> None:
     raise ValueError(f"cannot handle {job.payload}")
+
+
+@task("fails_twice", max_attempts=2)
+def fails_twice(job: Job) -> None:
+    """Always fails; the task allows 2 attempts (the row's column defaults to 5)."""
+    raise ValueError("still broken")

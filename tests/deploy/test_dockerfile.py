@@ -120,6 +120,59 @@ def test_copied_sources_exist() -> None:
                 assert (ROOT / src).exists(), src
 
 
+# -- the recipe of docs/deploy.md: handlers' dependencies on top of the image ----------------------
+
+
+def _recipe() -> list[list[tuple[str, str]]]:
+    """The stages of the docs' multi-stage Dockerfile (the block with ``AS deps``)."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    blocks = [b for b in re.findall(r"```dockerfile\n(.*?)```", text, re.S) if " AS deps" in b]
+    assert len(blocks) == 1, "docs/deploy.md: one dockerfile block with a deps stage"
+    out: list[list[tuple[str, str]]] = []
+    for ins in instructions(blocks[0]):
+        if ins[0] == "FROM":
+            out.append([])
+        out[-1].append(ins)
+    return out
+
+
+def _venv() -> str:
+    """The virtualenv deploy/Dockerfile builds and copies into its final stage."""
+    build_runs = " ".join(args for kw, args in stages()[0] if kw == "RUN")
+    venv = re.search(r"python -m venv (\S+)", build_runs)
+    assert venv, build_runs
+    copied = [args for kw, args in final_stage() if kw == "COPY" and "--from=" in args]
+    assert any(args.split()[-2:] == [venv[1], venv[1]] for args in copied), copied
+    return venv[1]
+
+
+def test_the_documented_dependency_recipe_fits_the_dockerfile() -> None:
+    """The image's venv has no pip (see test_no_dev_tools_in_the_image): the recipe brings
+    it back with ensurepip in a stage of its own, installs into that same venv, removes
+    pip, and copies the venv into a final stage that runs as the image's user."""
+    venv = _venv()
+    deps, final = _recipe()
+    assert deps[0][1] == "drainer:0.1.0 AS deps" and final[0][1] == "drainer:0.1.0"
+    runs = " ".join(args for kw, args in deps if kw == "RUN")
+    steps = [f"{venv}/bin/python -m ensurepip", f"{venv}/bin/python -m pip install",
+             f"{venv}/bin/python -m pip uninstall --yes pip"]
+    at = [runs.find(step) for step in steps]
+    assert -1 not in at and at == sorted(at), runs
+    # the same interpreter: ensurepip is in the final stage's Python, which is the build
+    # stage's (the venv's python links to it)
+    assert stages()[0][0][1].split()[0] == final_stage()[0][1].split()[0]
+    # the final stage copies the venv back in place, installs nothing, and keeps uid 10001
+    assert ("COPY", f"--from=deps {venv} {venv}") in final
+    assert not any(kw == "RUN" for kw, _ in final)
+    assert not any(kw == "USER" for kw, _ in final), "the image's USER applies"
+    image_user = [args for kw, args in final_stage() if kw == "USER"][-1]
+    assert image_user.split(":")[0] == "10001"
+    # what the docs say of the base: /app on PYTHONPATH, where the recipe puts the handlers
+    env = " ".join(args for kw, args in final_stage() if kw == "ENV")
+    assert "PYTHONPATH=/app" in env
+    assert any(kw == "COPY" and args.split()[-1].startswith("/app/") for kw, args in final)
+
+
 # -- .dockerignore --------------------------------------------------------------------------------
 
 

@@ -47,6 +47,7 @@ def test_every_link_in_the_deploy_doc_resolves() -> None:
 
 @pytest.mark.parametrize("command", [
     "kubectl apply -k deploy/kubernetes",
+    "kubectl apply -k deploy/kubernetes-cronjob-only",
     "kubectl create -f deploy/kubernetes/job-scale-out.yaml",
     "systemctl enable --now drainer.timer",
     "deploy/cron/crontab",

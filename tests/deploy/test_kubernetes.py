@@ -113,6 +113,55 @@ def test_kustomize_build_is_valid() -> None:
             assert image == "registry.example.com/drainer:0.1.0"
 
 
+# -- the CronJob alone: deploy/kubernetes-cronjob-only --------------------------------------------
+
+CRONJOB_ONLY = DEPLOY / "kubernetes-cronjob-only"
+
+
+def _kustomize(folder: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: `kubectl kustomize` not run (the overlay is "
+                    "still checked by test_cronjob_only_overlay_drops_exactly_serve)")
+    out = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_cronjob_only_overlay_drops_exactly_serve() -> None:
+    """The overlay takes the base as it is and deletes what serve.yaml adds, by kind and
+    name: renaming or adding a resource in serve.yaml fails here, not in a user's cluster."""
+    kustomization = load_yaml_docs(CRONJOB_ONLY / "kustomization.yaml")[0]
+    assert kustomization["kind"] == "Kustomization"
+    assert kustomization["resources"] == ["../kubernetes"]
+    deleted = []
+    for entry in kustomization["patches"]:
+        patch = yaml.safe_load(entry["patch"])
+        assert patch.pop("$patch") == "delete", entry
+        deleted.append((patch["apiVersion"], patch["kind"], patch["metadata"]["name"]))
+    serve = [(d["apiVersion"], d["kind"], d["metadata"]["name"]) for d in docs("serve.yaml")]
+    assert sorted(deleted) == sorted(serve)
+    # what is left needs no trigger token: the Secret of the comment has the DSN only
+    left = [d for p in MANIFESTS if p.name in load_yaml_docs(K8S / "kustomization.yaml")[0][
+        "resources"] and p.name != "serve.yaml" for d in load_yaml_docs(p)]
+    assert left and "trigger-token" not in yaml.safe_dump_all(left)
+    assert "--from-literal=trigger-token" not in (CRONJOB_ONLY / "kustomization.yaml").read_text()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_cronjob_only_kustomize_build_is_the_base_without_serve(version: str) -> None:
+    built = _kustomize(CRONJOB_ONLY)
+    assert sorted(d["kind"] for d in built) == ["CronJob", "ServiceAccount"]
+    base = {(d["kind"], d["metadata"]["name"]): d for d in _kustomize(K8S)}
+    for resource in built:
+        kubernetes_validate.validate(resource, version, strict=True)
+        # the same objects as in the base: its labels, its image, its CronJob
+        assert resource == base[(resource["kind"], resource["metadata"]["name"])]
+    cronjob = next(d for d in built if d["kind"] == "CronJob")
+    assert pod_spec(cronjob)["containers"][0]["image"] == "registry.example.com/drainer:0.1.0"
+
+
 # -- the CronJob ----------------------------------------------------------------------------------
 
 

@@ -76,8 +76,13 @@ def test_retry_logs_the_ids_it_retried(migrated: Settings, pg_url: str, conn: Co
                  "--log-format", "json"], pg_url=pg_url, schema=schema)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["retried_ids"] == [b]
-    (line,) = [json.loads(x) for x in p.stderr.splitlines() if "retry:" in x]
+    (line,) = [json.loads(x) for x in p.stderr.splitlines()
+               if x.startswith("{") and "retry:" in x]
     assert f"ids [{b}]" in line["msg"] and "999999" not in line["msg"], line
+    # the unknown id is named once, in the warning line (not a log record)
+    assert [x for x in p.stderr.splitlines() if not x.startswith("{")] == [
+        f"drainer retry: warning: no job 999999 in {schema}.jobs (counted as not_found; "
+        "the other ids were handled)"]
 
 
 def test_enqueue_on_a_terminal_says_it_reads_json_lines(migrated: Settings,

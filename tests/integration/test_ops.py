@@ -173,6 +173,19 @@ def test_show_gives_full_last_error(migrated: Settings, conn: Conn) -> None:
         get_job(migrated, job_id + 1000)
 
 
+def test_show_lines_up_every_value(migrated: Settings, conn: Conn) -> None:
+    """`last_error: -` and `rate_limited_until: -` in the column of the other values."""
+    [job_id] = add(conn, migrated, "a", 1)
+    job = get_job(migrated, job_id)
+    assert job["last_error"] is None and job["result"] is None
+    lines = render_job(job).splitlines()
+    one_line = [ln for ln in lines if ln.endswith(": -") or ":  " in ln]
+    labels = {ln.split(":", 1)[0] for ln in one_line}
+    assert {"id", "status", "last_error", "result", "rate_limited_until"} <= labels, lines
+    starts = {len(ln) - len(ln.split(":", 1)[1].lstrip()) for ln in one_line}
+    assert len(starts) == 1, lines
+
+
 # -- retry ----------------------------------------------------------------------------------------
 
 

@@ -90,6 +90,9 @@ def test_the_page_is_self_contained_and_has_the_timeline() -> None:
     text = " ".join("".join(p.text).split())
     assert "Who kept the compute awake, and why" in text
     assert "poller" in text and "report <cron>" in text  # escaped, shown as text
+    # the headline is the 60 s window's, not the pool's hour of quiet before it
+    assert "could suspend: quiet for 30 s of the 60 s window (12:00:30 .. 12:01:00)" in text
+    assert "60.1 min" not in text
     assert "Postgres as a job queue: using FOR UPDATE SKIP LOCKED correctly" in text
 
 

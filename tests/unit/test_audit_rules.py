@@ -43,6 +43,16 @@ def test_an_idle_session_lets_the_compute_suspend() -> None:
     # quiet since its last state change, an hour before the audit began
     assert r.longest_quiet_gap_s == 3606.0
     assert r.awake_s == 0.0
+    # the headline is the window's: not "quiet for 60.1 min" over 6 s of sampling
+    assert r.verdict.startswith("could suspend: quiet for the whole 6.0 s window (and since "
+                                "11:00:00 before it: 60.1 min), longer than the 3.0 s"), \
+        r.verdict
+    assert "longest quiet gap: 60.1 min (from 2026-11-30T11:00:00+00:00, before the " \
+        "window)" in format_table(r)
+    # shorter than the idle timeout, the window alone cannot say it: the quiet before it
+    r = judge(activity({t: [row(1)] for t in ticks()}), IdleTimeout(300.0, "--idle-timeout"))
+    assert r.could_suspend and "quiet for the whole 6.0 s window (and since 11:00:00 " \
+        "before it: 60.1 min), longer than the 5.0 min idle timeout" in r.verdict, r.verdict
 
 
 def test_a_poller_keeps_it_awake() -> None:
@@ -151,6 +161,13 @@ def test_quiet_gap_and_suspend_estimate() -> None:
     assert r.last_activity_at == at(1.0).isoformat()
     assert r.suspend_estimate_at == at(4.0).isoformat()
     assert r.awake_s == 3.0
+    assert r.verdict.startswith("could suspend: quiet for 5.0 s of the 6.0 s window "
+                                "(12:00:01 .. 12:00:06), longer than"), r.verdict
+    # an idle timeout only the quiet before the window reaches: said to be before it
+    r = judge(activity(per), IdleTimeout(60.0, "--idle-timeout"))
+    assert r.could_suspend and r.verdict.startswith(
+        "could suspend: quiet since 11:58:20 (before the window) until 12:00:01: 101 s, "
+        "longer than the 60 s idle timeout"), r.verdict
 
 
 def test_always_on_compute() -> None:
