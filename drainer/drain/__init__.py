@@ -28,7 +28,7 @@ from drainer.drain import handlers as handler_calls
 from drainer.drain.claims import Claims
 from drainer.drain.handlers import MAX_ERROR_CHARS, Handlers, format_error, make_running
 from drainer.drain.leases import Heartbeat
-from drainer.drain.limits import MAX_RUNTIME, Limits
+from drainer.drain.limits import MAX_RUNTIME, Limits, record
 from drainer.drain.loop import Drain, heartbeat_interval
 from drainer.drain.outcomes import Outcomes
 from drainer.drain.report import RunReport
@@ -85,6 +85,9 @@ def run_once(
     with signals:
         try:
             latest = latest_version()  # read before the session is open (it is billed)
+            # what is alive now leaves the collector's generations before the session opens:
+            # a full collection while it is open would walk every module of the process
+            collector.freeze_startup()
             conn = parts["conn"] = db.connect(settings)
             connected_at = time.monotonic()
             try:
@@ -112,9 +115,10 @@ def run_once(
                     if synced.superseded or synced.caught_up:  # catch-up runs, due now
                         due = list(dict.fromkeys([*due, *schedules.queues_synced()]))
                 limits = Limits(stop, deadline, settings.max_jobs)
-                if report.queues:  # the queues drained (paused ones left out)
-                    tasks = _limited_tasks(registry, report, set_max_running, set_rates,
-                                           controls)
+                tasks = _limited_tasks(registry, report, set_max_running, set_rates, controls)
+                # the queues drained (paused ones left out) that have due jobs: with none,
+                # the loop would claim nothing, so it is not built (nor its heartbeat thread)
+                if report.queues and due:
                     drain = parts["drain"] = _build(settings, registry, conn, q, report,
                                                     limits, hurry, progress, tasks)
                     drain.claims.known_due(due)
@@ -122,9 +126,10 @@ def run_once(
                         # every handler call of the process from now on runs in a job span
                         handler_calls.job_context = otel.JobSpan
                         drain.outcomes.on_outcome = tracing.outcome
-                    collector.freeze_startup()
                     with collector.fewer_collections():
                         drain.run()
+                elif report.queues:
+                    record(report, limits.stopped_by(report.claimed))  # as its first step does
                 # an occurrence that came due during the run gets its successor before the
                 # summary below reads next_due_at (a statement only if the run lasted that long)
                 schedules.finish(q)
@@ -311,6 +316,9 @@ def _limited_tasks(registry: Registry, report: RunReport, max_running: dict[str,
     for name in report.queues:
         task = tasks[name]
         control = controls.get(name)
+        if control is None and task.max_running is None and task.rate_limit is None \
+                and name not in max_running and name not in rates:
+            continue  # no limit from anyone: the task as it is (most queues; 300 add up)
         if task.transaction:
             if control is not None:
                 logger.warning("queue %s: `drainer limit` does not apply to transaction=True "

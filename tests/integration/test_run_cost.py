@@ -11,6 +11,8 @@ import pytest
 from psycopg import sql
 
 from drainer import db, run_once
+from drainer import drain as drain_cycle
+from drainer.drain.leases import Heartbeat
 from drainer.registry import Registry
 from drainer.settings import Settings
 from tests.conftest import make_settings
@@ -56,6 +58,45 @@ def test_empty_queue_costs_two_statements_on_one_connection(
     # finish_run (archive + table health + queue summary); it was 4 (schema check, reap,
     # claim, finish_run) with one queue and 3 + one claim per queue with more
     assert _statements(path) == 2
+
+
+@pytest.mark.parametrize("queues", [1, 300])
+def test_empty_queue_does_little_while_the_session_is_open(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        monkeypatch: pytest.MonkeyPatch, queues: int) -> None:
+    """The session of an empty run is billed from connect to close: nothing is due, so no
+    drain loop nor heartbeat thread is built, and of the named statements only the two
+    sent are rendered. With a due job the loop is built and drains it, as before."""
+    for i in range(queues):
+        registry.task(f"idle{i}")(lambda job: None)
+    built: list[object] = []
+    real_build = drain_cycle._build
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        built.append(real_build(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(drain_cycle, "_build", build)
+    beats: list[Heartbeat] = []
+    real_start = Heartbeat.start
+    monkeypatch.setattr(Heartbeat, "start", lambda self: (beats.append(self),
+                                                           real_start(self))[1])
+    rendered: list[dict[str, str]] = []
+
+    class Recorded(db.Queries):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            rendered.append(self._sql)
+
+    monkeypatch.setattr(db, "Queries", Recorded)
+    report = run_once(migrated, registry=registry)
+    assert report.claimed == 0 and report.next_due_at is None
+    assert built == [] and beats == []
+    assert [sorted(r) for r in rendered] == [["finish_run", "run_start"]]
+    conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES ('idle0')").format(
+        sql.Identifier(migrated.schema_name, "jobs")))
+    report = run_once(migrated, registry=registry)
+    assert report.succeeded == 1 and len(built) == 1 and len(beats) == 1
 
 
 def test_finish_run_archives_old_jobs_in_batches(pg_url: str, migrated: Settings,
