@@ -186,15 +186,11 @@ class ClaimPipeline:
         return f
 
 
-def sync_round_trip(pgconn: pq.abc.PGconn, poll_for: float = 0.001) -> float | None:
+def sync_round_trip(pgconn: pq.abc.PGconn) -> float | None:
     """Seconds for a Sync alone on an idle connection: the server answers ReadyForQuery at
     once (no statement, no transaction, no commit), so this is the link's round trip and
     the time to wake both ends, not the server's work. None when the connection is not
-    idle (a transaction open, or a pipeline).
-
-    The answer is polled for during the first ``poll_for`` seconds, not waited for: a
-    thread that waits gives the GIL away, and a handler thread holding it then would be
-    timed too (up to the 5 ms switch interval, where a local answer takes 0.05 ms)."""
+    idle (a transaction open, or a pipeline)."""
     if pgconn.pipeline_status != pq.PipelineStatus.OFF \
             or pgconn.transaction_status != pq.TransactionStatus.IDLE:
         return None
@@ -202,10 +198,6 @@ def sync_round_trip(pgconn: pq.abc.PGconn, poll_for: float = 0.001) -> float | N
     sent = time.monotonic()
     pgconn.pipeline_sync()
     _flush(pgconn)
-    while time.monotonic() - sent < poll_for:
-        pgconn.consume_input()
-        if not pgconn.is_busy():
-            break
     sync = _next_result(pgconn)
     took = time.monotonic() - sent
     if sync is None or sync.status != pq.ExecStatus.PIPELINE_SYNC:

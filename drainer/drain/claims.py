@@ -54,9 +54,10 @@ ADAPT_MIN_RTT_S = 0.008
 #: Faster claims, but LINK_MIN_S or more, may be a link 1-5 ms away or a local database on
 #: a busy disk (there a claim's commit waits 5-15 ms for its WAL flush behind the other
 #: writers): a Sync alone then tells which, as it costs no statement and no commit. It is a
-#: link when LINK_PROBES Syncs, each timed when nothing else was in flight, all took
-#: LINK_MIN_S or more. Locally a Sync takes 0.03-0.1 ms, on a loaded machine too: measured
-#: at load 6.6 on 2 cores, one in 60 took a few ms, none of 1,000 sets of three all did.
+#: link when LINK_PROBES Syncs in a row, timed while nothing else runs in the drain, all
+#: took LINK_MIN_S or more. Locally a Sync takes 0.03-0.1 ms, on a loaded machine too:
+#: measured at load 6.6 on 2 cores, one in 60 took a few ms, none of 1,000 sets of three
+#: in a row all did (in a drain, the first after a batch took 0.1-1 ms, the next 0.03-0.3).
 LINK_MIN_S = 0.0005
 LINK_PROBES = 3
 
@@ -156,7 +157,7 @@ class BatchClock:
         (so that the next claim is back before the batches in hand are done), but no more
         than run within the ``limit`` (a job claimed ahead waits at most that long for its
         handler, so no drainer hoards jobs). Before ADAPT_SAMPLES round trips, and while
-        Syncs are still to be timed (they go out when nothing else is in flight): one."""
+        Syncs are still to be timed (they go out when nothing is in flight): one."""
         if most <= 1 or self.rtt is None or not self.per_job or self.samples < ADAPT_SAMPLES \
                 or size <= 0 or self.wants_probe():
             return min(1, most)
@@ -228,7 +229,7 @@ class Claims:
         self.ahead: list[_Ahead] = []
         self.clock = BatchClock()  # batch times and round trips (the drain loop's clock)
         # times a Sync alone on the idle connection (None: it cannot be), so that the clock
-        # tells a database across a link from a local one on a busy disk
+        # tells a database across a link from a local one on a busy disk (see time_link)
         self.probe = probe
         self.clock.probing = probe is not None
         self.last_size = batch_size  # the last claim's size (grown to the link or the slots)
@@ -270,12 +271,13 @@ class Claims:
     def _task(self, idx: int) -> Task:
         return self.tasks[self.queues[idx]]
 
-    def _time_link(self) -> None:
-        """With nothing in flight: time a Sync alone if the clock wants one (at most
-        LINK_PROBES a drain, one each time nothing is in flight, so that one burst of load
-        does not make them all slow; only while its claims' round trips could be a link's
-        or a loaded disk's)."""
-        if self.probe is not None and self.clock.wants_probe():
+    def time_link(self) -> None:
+        """Time Syncs alone, back to back, while the clock wants them (LINK_PROBES across a
+        link, locally one or two: the first after a batch can be slow). The drain loop calls
+        it when nothing else runs: no claim in flight, no handler (a handler thread holding
+        the GIL when the answer comes would be timed too)."""
+        while self.probe is not None and self.clock.wants_probe():
+            assert not self.ahead, "claims in flight: receive them first"
             seconds = self.probe()
             if seconds is None:  # the connection could not take one: claims' times only
                 self.clock.probing = False
@@ -310,7 +312,6 @@ class Claims:
         queue allows it (failures are written first, on their own).
         """
         assert not self.ahead, "claims in flight: receive them first"
-        self._time_link()
         start = self.cursor
         if with_successes and self.can_combine():
             if self.size() <= 0:
@@ -479,8 +480,6 @@ class Claims:
     def send_ahead(self) -> None:
         """Send the buffered successes and the next claim without waiting for the result."""
         assert self.pipeline is not None
-        if not self.ahead:
-            self._time_link()
         task = self._task(self.cursor)
         size = self.size()
         buf = self.outcomes.take_successes()
