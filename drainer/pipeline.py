@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import selectors
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +184,26 @@ class ClaimPipeline:
                 raise psycopg.InterfaceError(f"no loader for type oid {oid}")
             f = self._loaders[oid] = cls(oid, self.conn).load
         return f
+
+
+def sync_round_trip(pgconn: pq.abc.PGconn) -> float | None:
+    """Seconds for a Sync alone on an idle connection: the server answers ReadyForQuery at
+    once (no statement, no transaction, no commit), so this is the link's round trip and
+    the time to wake both ends, not the server's work. None when the connection is not
+    idle (a transaction open, or a pipeline)."""
+    if pgconn.pipeline_status != pq.PipelineStatus.OFF \
+            or pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        return None
+    pgconn.enter_pipeline_mode()
+    sent = time.monotonic()
+    pgconn.pipeline_sync()
+    _flush(pgconn)
+    sync = _next_result(pgconn)
+    took = time.monotonic() - sent
+    if sync is None or sync.status != pq.ExecStatus.PIPELINE_SYNC:
+        raise psycopg.OperationalError("pipeline out of step: expected a sync result")
+    pgconn.exit_pipeline_mode()
+    return took
 
 
 def _nullable(load: Callable[[bytes], Any], value: bytes | None) -> Any:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from drainer import db, otel, queue_limits
+from drainer import db, otel, pipeline, queue_limits
 from drainer._signals import on_stop_signals
 from drainer.drain import collector, transaction
 from drainer.drain import handlers as handler_calls
@@ -251,7 +251,11 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
                     max_jobs=settings.max_jobs, depth=settings.pipeline_depth,
                     combine=not settings.delete_on_complete, lease=lease,
                     run_in_transaction=runner.run_batch, free_slots=free_slots,
-                    room=handlers.free)
+                    room=handlers.free,
+                    # sequential handlers: nothing runs between batches, when a Sync is timed
+                    # (concurrent ones follow the free slots, and from 8 ms the round trip)
+                    probe=(lambda: pipeline.sync_round_trip(conn.pgconn))
+                    if db.ClaimPipeline.supported() and settings.concurrency == 1 else None)
     drain = Drain(report, q, claims, handlers, outcomes, limits,
                   vacuum.BetweenBatches(q, settings.vacuum_every,
                                         _maintenance_timeout(settings, None)),

@@ -100,6 +100,9 @@ class Drain:
 
     def step(self) -> None:
         """One turn of the loop while CLAIMING or DRAINED."""
+        if self.clock.wants_probe() and not self.claims.ahead \
+                and not self.handlers.in_flight():
+            self.claims.time_link()  # nothing else runs now: a Sync alone is timed alone
         limit = self._check_limits()
         if limit is None and self._claim_due():
             # the successes buffered so far go with the claim (one round trip, not two)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from drainer.drain.claims import Claims
 from drainer.drain.handlers import Handlers
@@ -381,3 +382,58 @@ def test_a_far_database_claims_ahead_before_the_batch_is_handed_over() -> None:
     # the successes went with the claims: a final write at most, not one per 10 jobs
     assert jobs.sent.count("complete_many") <= 1, jobs.sent.count("complete_many")
     assert not d.claims.ahead and jobs.in_flight == 0
+
+
+def _probed_drain(jobs: FakeJobs, claim_rtt: float, sync_rtt: float
+                  ) -> tuple[Drain, list[int], list[int]]:
+    """A pipelined drain whose clock has timed ADAPT_SAMPLES claims of ``claim_rtt`` and
+    whose Syncs alone take ``sync_rtt``: the claims' sizes, and the claims in flight at
+    each Sync timed."""
+    from drainer.drain.claims import ADAPT_SAMPLES
+
+    d = _drain(jobs, _registry(lambda job: None), depth=2)
+    d.clock.rtt, d.clock.samples = claim_rtt, ADAPT_SAMPLES
+    d.clock.round_trip = lambda seconds: None  # type: ignore[method-assign]  # fakes answer at once
+    in_flight: list[int] = []
+
+    def probe() -> float:
+        in_flight.append(len(d.claims.ahead) + jobs.in_flight)
+        return sync_rtt
+
+    d.claims.probe = probe
+    d.clock.probing = True
+    sizes: list[int] = []
+    send = jobs.send
+
+    def sent(*args: Any, **kw: Any) -> None:
+        sizes.append(args[3])
+        send(*args, **kw)
+
+    jobs.send = sent  # type: ignore[method-assign]
+    return d, sizes, in_flight
+
+
+def test_a_database_2_ms_away_is_told_by_syncs_and_its_claims_grow() -> None:
+    """Claims of 3 ms (under the 8 ms that alone says a link): LINK_PROBES Syncs alone, each
+    sent with nothing in flight, say a link; the claims then grow to the round trip."""
+    from drainer.drain.claims import LINK_PROBES
+
+    jobs = FakeJobs()
+    jobs.add("a", 3000)
+    d, sizes, in_flight = _probed_drain(jobs, 0.003, 0.002)
+    d.run()
+    assert jobs.statuses() == {"done": 3000} and d.report.succeeded == 3000
+    assert in_flight == [0] * LINK_PROBES  # each on the idle connection, then no more
+    assert d.clock.linked and max(sizes) > 10
+
+
+def test_a_local_database_on_a_busy_disk_times_one_sync_and_keeps_its_batches() -> None:
+    """Claims of 3 ms locally (commits behind other writers): one Sync of 0.05 ms says
+    local; every claim stays at --batch-size."""
+    jobs = FakeJobs()
+    jobs.add("a", 3000)
+    d, sizes, in_flight = _probed_drain(jobs, 0.003, 0.00005)
+    d.run()
+    assert jobs.statuses() == {"done": 3000} and d.report.succeeded == 3000
+    assert in_flight == [0] and d.clock.linked is False
+    assert sizes and max(sizes) == 10

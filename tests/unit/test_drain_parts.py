@@ -355,3 +355,67 @@ def test_claim_size_adapts_to_a_far_database_within_bounds() -> None:
     for _ in range(5):
         slow.round_trip(0.05)
     assert slow.adapted(1, 1024) == 2  # at most what runs within half the limit (0.05 s)
+
+
+def _timed_clock(claim_rtt: float, *, per_job: float = 0.0001, samples: int = 5,
+                 probing: bool = True) -> BatchClock:
+    """A clock that has run a batch of 10 at ``per_job`` seconds a job and timed ``samples``
+    claims of ``claim_rtt`` seconds; ``probing``: a Sync alone can be timed."""
+    clock = BatchClock(limit=0.1)
+    clock.probing = probing
+    for _ in range(10):
+        clock.start(0.0)
+    clock.finish(10 * per_job)
+    for _ in range(samples):
+        clock.round_trip(claim_rtt)
+    return clock
+
+
+def test_a_link_under_8_ms_is_told_by_syncs_alone_and_claims_grow() -> None:
+    from drainer.drain.claims import ADAPT_SAMPLES, LINK_PROBES
+
+    assert not _timed_clock(0.0025, samples=ADAPT_SAMPLES - 1).wants_probe()  # too soon
+    clock = _timed_clock(0.0025)  # claims of 2.5 ms: a link 2 ms away, or a busy disk?
+    for _ in range(LINK_PROBES - 1):
+        assert clock.wants_probe()
+        assert clock.adapted(10, 1024) == 10  # not decided yet: the configured batch
+        assert clock.depth(10, 8) == 1  # one claim in flight, so that the next Sync can go
+        clock.link_round_trip(0.002)
+    assert clock.wants_probe()
+    clock.link_round_trip(0.0021)
+    assert not clock.wants_probe() and clock.linked and clock.far()
+    assert clock.adapted(10, 1024) == 51  # two round trips of work: 2 x 2.5 ms / 0.1 ms
+    assert clock.adapted(10, 30) == 30  # never more than the cap (the free slots)
+    assert clock.depth(10, 8) == 5  # two 2.5 ms round trips of 1 ms batches
+    assert clock.depth(10, 2) == 2  # never deeper than --pipeline-depth
+    # a slow handler: a batch of 10 at 1 ms a job runs longer than two round trips already
+    slow = _timed_clock(0.0025, per_job=0.001)
+    for _ in range(LINK_PROBES):
+        slow.link_round_trip(0.002)
+    assert slow.far() and slow.adapted(10, 1024) == 10
+
+
+def test_a_local_database_on_a_busy_disk_keeps_the_batch_size() -> None:
+    """Claims of 5 ms locally (their commits wait for the WAL flush): one fast Sync says
+    local, for the rest of the drain; the batch size and the claims in flight stay."""
+    clock = _timed_clock(0.005)
+    today = _timed_clock(0.005, probing=False)  # as before Syncs were timed
+    assert clock.wants_probe()
+    clock.link_round_trip(0.003)  # one slow Sync (a burst of load) does not decide
+    assert clock.wants_probe() and clock.linked is None
+    clock.link_round_trip(0.00005)
+    assert clock.linked is False and not clock.wants_probe() and not clock.far()
+    assert clock.adapted(10, 1024) == today.adapted(10, 1024) == 10
+    assert clock.depth(10, 2) == today.depth(10, 2)
+    for rtt in (0.0003, 0.0001):  # claims faster than a link could be: no Sync at all
+        fast = _timed_clock(rtt)
+        assert not fast.wants_probe() and not fast.far() and fast.adapted(10, 1024) == 10
+    # without Syncs (no libpq pipeline mode), only claims of 8 ms or more grow, as before
+    assert _timed_clock(0.0025, probing=False).adapted(10, 1024) == 10
+    assert not _timed_clock(0.0025, probing=False).wants_probe()
+
+
+def test_claims_of_8_ms_or_more_grow_without_a_sync() -> None:
+    clock = _timed_clock(0.01)
+    assert not clock.wants_probe() and clock.far()
+    assert clock.adapted(10, 1024) == 201 == _timed_clock(0.01, probing=False).adapted(10, 1024)
