@@ -366,6 +366,16 @@ def test_a_far_database_claims_ahead_before_the_batch_is_handed_over() -> None:
     d = _drain(jobs, _registry(lambda job: None), depth=2)
     d.clock.rtt, d.clock.samples = 0.01, ADAPT_SAMPLES  # a database 10 ms away, measured
     d.clock.round_trip = lambda seconds: None  # type: ignore[method-assign]  # fakes answer at once
+    # handlers of 20 us a job whatever the machine's load: measured under load, a job took
+    # up to 1 ms now and then, the claims sized to it shrank, and a batch's successes
+    # reached the shrunk claim's size while the batch was still handed over (written then)
+    finish = d.clock.finish
+
+    def finish_at_20us(now: float) -> None:
+        finish(now)
+        d.clock.per_job = 0.00002
+
+    d.clock.finish = finish_at_20us  # type: ignore[method-assign]
     waiting: list[int] = []
     send = d.claims.send_ahead
 
@@ -380,7 +390,7 @@ def test_a_far_database_claims_ahead_before_the_batch_is_handed_over() -> None:
     assert max(d.claims.last_size, *(n for n in waiting)) > 10  # grown to the round trip
     assert any(n > 0 for n in waiting)  # sent with jobs still waiting to start
     # the successes went with the claims: a final write at most, not one per 10 jobs
-    assert jobs.sent.count("complete_many") <= 1, jobs.sent.count("complete_many")
+    assert jobs.sent.count("complete_many") <= 1, [s for s in jobs.sent if s != "send"]
     assert not d.claims.ahead and jobs.in_flight == 0
 
 
