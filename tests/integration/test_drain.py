@@ -15,6 +15,7 @@ from psycopg import sql
 
 from drainer import Job, run_once
 from drainer.db import ClaimPipeline, Queries
+from drainer.drain.claims import BatchClock
 from drainer.producer import JobSpec, enqueue, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings
@@ -517,6 +518,9 @@ def test_a_deadlocked_pipelined_statement_is_written_again(
         real(self, ids, *args)
 
     monkeypatch.setattr(ClaimPipeline, "send", deadlock_once)
+    # claims of --batch-size whatever the machine's load: a loaded disk's slow commits can
+    # look like a far database, and claims grown to it would carry other counts
+    monkeypatch.setattr(BatchClock, "adapted", lambda self, batch_size, most: batch_size)
     report = run_once(migrated, registry=registry)
     assert calls["n"] >= 5 and calls["failed_with"] == 10  # it carried a batch's successes
     assert (report.claimed, report.succeeded, report.lost) == (95, 95, 0)
