@@ -415,6 +415,17 @@ def _session_cell(d: Series, p: Series) -> str:
             f"{fmt_rate(statistics.median(p.session))} ({ratio:.2f})")
 
 
+def _drainer_bytecode() -> str:
+    """Whether the drainer runs timed here read their modules' bytecode from a cache, or
+    compiled every module at each process start (with PYTHONDONTWRITEBYTECODE set and no
+    __pycache__, as in an editable install that never wrote one: a share of each start
+    that an installed package, compiled by pip, does not pay)."""
+    cached = any((ROOT / "drainer").rglob("__pycache__/*.pyc"))
+    if cached or not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return "cached"
+    return "compiled at every process start (PYTHONDONTWRITEBYTECODE set, no __pycache__)"
+
+
 def paired_ratio(a: Series, b: Series) -> float:
     """The median of a/b over rounds (both measured in the same rounds; nan if a run of
     either failed, which leaves the rounds unpaired)."""
@@ -618,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
                 "load_average_end": list(os.getloadavg()),
                 "load_average_start": load_start, "machine": platform.machine(),
                 "postgresql": pg_version, "psycopg": psycopg.__version__, "peers": peers,
-                "sections": sections,
+                "sections": sections, "drainer_bytecode": _drainer_bytecode(),
                 "sizes": {"jobs": args.jobs, "repeat": args.repeat,
                           "enqueue_jobs": args.enqueue_jobs, "history": args.history,
                           "batch_jobs": args.batch_jobs, "long_jobs": args.long_jobs,
