@@ -87,6 +87,9 @@ def race(contenders: list[Contender], n: int, repeat: int) -> dict[str, Series]:
                 log(f"{c.name}: INVALID run: {problem}")
                 continue
             s.values.append(n / timed.wall)
+            session = c.session_seconds(timed)
+            if session:
+                s.session.append(n / session)
             log(f"round {rnd + 1}/{repeat} {c.name}: {n / timed.wall:,.0f} jobs/s "
                 f"({timed.wall:.3f} s, peak RSS {timed.peak_rss_mb:.0f} MB)")
     return out
@@ -378,20 +381,49 @@ def section_batch(ctx: Ctx) -> list[str]:
     n = ctx.batch_n
     series = race(contenders, n, ctx.repeat)
     ctx.results["batch"] = {k: v.values for k, v in series.items()}
+    ctx.results["batch_session"] = {k: v.session for k, v in series.items()}
     lines = [f"### Batch size curve: {n:,} jobs", "",
              "| batch size | drainer jobs/s (median, min-max) | pgbench 1 client jobs/s | "
-             "drainer / ceiling | same-round ratio (median) |", "|---:|---:|---:|---:|---:|"]
+             "drainer / ceiling | same-round ratio (median) | "
+             "over the session: drainer / pgbench jobs/s (same-round ratio) |",
+             "|---:|---:|---:|---:|---:|---:|"]
     for b in sizes:
         d = series[f"drainer, batch {b}"]
         p = series[f"pgbench 1 client, batch {b}"]
         lines.append(f"| {b} | {fmt_rate(d.median)} ({fmt_rate(d.lo)}-{fmt_rate(d.hi)}) | "
                      f"{fmt_rate(p.median)} | {d.median / p.median:.2f} | "
-                     f"{paired_ratio(d, p):.2f} |")
+                     f"{paired_ratio(d, p):.2f} | {_session_cell(d, p)} |")
     lines += ["", "same-round ratio: the median over rounds of drainer / pgbench run one after "
               "the other in the same round (robust to the machine's load shifting between "
-              "rounds); drainer's wall includes its process start (about 0.3-0.5 s here: "
-              "Python, psycopg, pydantic) and the end-of-run VACUUM, pgbench has neither."]
+              "rounds); drainer's wall includes its process start (Python, imports, "
+              "settings, the app) and the end-of-run VACUUM, pgbench has neither.",
+              "", "over the session (an extra view; the columns before it are the wall "
+              "figures): jobs over the seconds each run held its connection, process "
+              "start-up left out; drainer: the run report's connected_s (the drain, then "
+              "the archiver and the VACUUM it runs); pgbench: its initial connection time "
+              "plus its transactions at the tps it reports without it."]
     return lines
+
+
+def _session_cell(d: Series, p: Series) -> str:
+    if not d.session or not p.session:
+        return "n/a"
+    paired = Series(d.name, d.session) if len(d.session) == len(d.values) else None
+    ratio = paired_ratio(paired, Series(p.name, p.session)) \
+        if paired is not None and len(p.session) == len(p.values) else float("nan")
+    return (f"{fmt_rate(statistics.median(d.session))} / "
+            f"{fmt_rate(statistics.median(p.session))} ({ratio:.2f})")
+
+
+def _drainer_bytecode() -> str:
+    """Whether the drainer runs timed here read their modules' bytecode from a cache, or
+    compiled every module at each process start (with PYTHONDONTWRITEBYTECODE set and no
+    __pycache__, as in an editable install that never wrote one: a share of each start
+    that an installed package, compiled by pip, does not pay)."""
+    cached = any((ROOT / "drainer").rglob("__pycache__/*.pyc"))
+    if cached or not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return "cached"
+    return "compiled at every process start (PYTHONDONTWRITEBYTECODE set, no __pycache__)"
 
 
 def paired_ratio(a: Series, b: Series) -> float:
@@ -597,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
                 "load_average_end": list(os.getloadavg()),
                 "load_average_start": load_start, "machine": platform.machine(),
                 "postgresql": pg_version, "psycopg": psycopg.__version__, "peers": peers,
-                "sections": sections,
+                "sections": sections, "drainer_bytecode": _drainer_bytecode(),
                 "sizes": {"jobs": args.jobs, "repeat": args.repeat,
                           "enqueue_jobs": args.enqueue_jobs, "history": args.history,
                           "batch_jobs": args.batch_jobs, "long_jobs": args.long_jobs,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,11 @@ class Contender:
 
     def run(self, n: int) -> Timed:
         raise NotImplementedError
+
+    def session_seconds(self, timed: Timed) -> float | None:
+        """Seconds of the run once its process was up: from opening its connection to its
+        end (None: the contender does not say)."""
+        return None
 
     def check(self, n: int, timed: Timed) -> str | None:
         """None when every job was done, else what went wrong."""
@@ -92,6 +98,16 @@ class Pgbench(Contender):
         finally:
             Path(f.name).unlink()
 
+    def session_seconds(self, timed: Timed) -> float | None:
+        """pgbench's own figures: its initial connection time, plus its transactions at the
+        tps it reports "without initial connection time"."""
+        done = re.search(r"number of transactions actually processed: (\d+)", timed.stdout)
+        tps = re.search(r"tps = ([\d.]+)", timed.stdout)
+        conn = re.search(r"initial connection time = ([\d.]+) ms", timed.stdout)
+        if not (done and tps and conn) or not float(tps.group(1)):
+            return None
+        return int(done.group(1)) / float(tps.group(1)) + float(conn.group(1)) / 1000
+
 
 @dataclass
 class Drainer(Contender):
@@ -107,6 +123,14 @@ class Drainer(Contender):
 
     def run(self, n: int) -> Timed:
         return run_timed([str(VENV_BIN / "drainer"), "run-once", *self.flags], self.env())
+
+    def session_seconds(self, timed: Timed) -> float | None:
+        """The run report's connected_s: connection opened to closed (the drain and the
+        maintenance, VACUUM included; the interpreter, imports, settings and app left out)."""
+        try:
+            return float(json.loads(timed.stdout.strip().splitlines()[-1])["connected_s"])
+        except (ValueError, IndexError, KeyError, TypeError):
+            return None
 
     def check(self, n: int, timed: Timed) -> str | None:
         problem = super().check(n, timed)

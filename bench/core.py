@@ -147,6 +147,9 @@ class Series:
     name: str
     values: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: jobs/s over the run's own session (process start-up left out), where the contender
+    #: says how long that was (Contender.session_seconds); one a valid run, else empty
+    session: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float:

@@ -58,8 +58,14 @@ _CONFIGURE = (
 assert len(_CONFIGURE) == len(_SCOPES)
 
 
-def build_parser() -> Parser:
-    """The ``drainer`` parser; :func:`command_parsers` gives each command's."""
+def build_parser(command: str | None = None) -> Parser:
+    """The parser of every command; with ``command`` (one of them), of that command only.
+
+    Each command's flags are built from the settings fields, hundreds of ``add_argument``
+    calls for all of them: a run names its command first (flags go after it), so ``main``
+    builds only the parser it uses, a share of every cold start (a cron run, a serverless
+    invocation). :func:`command_parsers` gives each command's parser in it.
+    """
     parser = Parser(
         prog="drainer",
         description="Drain a PostgreSQL job table and exit, so a serverless database can "
@@ -74,8 +80,9 @@ def build_parser() -> Parser:
 
     parser.add_argument("--version", action="version", version=f"drainer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for configure in _CONFIGURE:
-        configure(sub)
+    for name, configure in zip(_SCOPES, _CONFIGURE, strict=True):
+        if command is None or command == name:
+            configure(sub)
     return parser
 
 
@@ -101,8 +108,10 @@ def _flags_before_command(parser: Parser, argv: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    # `drainer run-once ...`: that command's parser only; anything else (--help, a flag
+    # first, a misspelt command): all of them, for the help or the error
+    parser = build_parser(argv[0] if argv and argv[0] in _SCOPES else None)
     _flags_before_command(parser, argv)
     args = parser.parse_command_line(argv, command_parsers(parser))
     if not getattr(args, "command", None):

@@ -165,3 +165,24 @@ def test_migrate_print_grants_needs_no_database(capsys: pytest.CaptureFixture[st
     monkeypatch.delenv("DATABASE_URL", raising=False)
     assert main(["migrate", "--print-grants", "--schema", "s1"]) == 0
     assert "s1" in capsys.readouterr().out
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[tuple[str, ...]]:
+    return [(a.dest, *a.option_strings) for a in parser._actions]
+
+
+def test_the_parser_of_one_command_is_that_command_of_the_whole_parser() -> None:
+    """main builds only the command it runs: the same flags, the same help, under the same
+    name as in the parser of all the commands."""
+    everything = _commands(build_parser())
+    assert list(everything) == list(_SCOPES)
+    for name in _SCOPES:
+        alone = _commands(build_parser(name))
+        assert list(alone) == [name]
+        assert _flags(alone[name]) == _flags(everything[name])
+        assert alone[name].format_help() == everything[name].format_help()
