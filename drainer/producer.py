@@ -263,7 +263,7 @@ def enqueue_many(
 
 @overload
 def enqueue_many(
-    conn: psycopg.Connection[Any], jobs: Iterable[Any], *, queue: str,
+    conn: psycopg.Connection[Any], jobs: Iterable[Any], *, queue: str | None,
     run_at: datetime | None = ..., priority: int = ..., max_attempts: int = ...,
     dedup_key: str | None = ..., schema: str = ..., table: str = ...,
 ) -> EnqueueResult: ...
@@ -278,7 +278,7 @@ def enqueue_many(
 
 @overload
 def enqueue_many(
-    conn: psycopg.AsyncConnection[Any], jobs: Iterable[Any], *, queue: str,
+    conn: psycopg.AsyncConnection[Any], jobs: Iterable[Any], *, queue: str | None,
     run_at: datetime | None = ..., priority: int = ..., max_attempts: int = ...,
     dedup_key: str | None = ..., schema: str = ..., table: str = ...,
 ) -> Coroutine[Any, Any, EnqueueResult]: ...
