@@ -274,6 +274,7 @@ def section_enqueue(ctx: Ctx) -> list[str]:
     table = jobs_table("b_enqueue")
     payloads = [{"n": i} for i in range(n)]
     walls: dict[str, list[float]] = {"enqueue_many": [], "enqueue_many (generator)": [],
+                                     "enqueue_many (payloads, queue=)": [],
                                      "one raw COPY": []}
 
     def many(conn: psycopg.Connection[Any]) -> None:
@@ -282,6 +283,9 @@ def section_enqueue(ctx: Ctx) -> list[str]:
     def many_gen(conn: psycopg.Connection[Any]) -> None:
         enqueue_many(conn, (JobSpec("bench", p) for p in payloads), schema="b_enqueue")
 
+    def many_payloads(conn: psycopg.Connection[Any]) -> None:
+        enqueue_many(conn, payloads, queue="bench", schema="b_enqueue")
+
     def raw(conn: psycopg.Connection[Any]) -> None:
         with conn.transaction(), conn.cursor().copy(
                 sql.SQL("COPY {} (queue, payload) FROM STDIN").format(table)) as copy:
@@ -289,7 +293,8 @@ def section_enqueue(ctx: Ctx) -> list[str]:
                 copy.write_row(("bench", json.dumps(p)))
 
     runs: list[tuple[str, Callable[[psycopg.Connection[Any]], None]]] = [
-        ("enqueue_many", many), ("enqueue_many (generator)", many_gen), ("one raw COPY", raw)]
+        ("enqueue_many", many), ("enqueue_many (generator)", many_gen),
+        ("enqueue_many (payloads, queue=)", many_payloads), ("one raw COPY", raw)]
     for rnd in range(ctx.repeat):
         k = rnd % len(runs)
         for name, fn in runs[k:] + runs[:k]:
@@ -307,7 +312,8 @@ def section_enqueue(ctx: Ctx) -> list[str]:
             *rate_table(series, "one raw COPY", "raw COPY"), "",
             "enqueue_many: a list of JobSpec, built before the call; (generator): the same "
             "JobSpecs from a generator expression, read while the COPY runs (autocommit "
-            "connection); one raw COPY: write_row of (queue, json.dumps(payload))."]
+            "connection); (payloads, queue=): the payloads themselves on one queue, no "
+            "JobSpec built; one raw COPY: write_row of (queue, json.dumps(payload))."]
 
 
 # -- history, batch sizes, long drains ------------------------------------------------------------

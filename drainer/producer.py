@@ -263,19 +263,44 @@ def enqueue_many(
 
 @overload
 def enqueue_many(
+    conn: psycopg.Connection[Any], jobs: Iterable[Any], *, queue: str | None,
+    run_at: datetime | None = ..., priority: int = ..., max_attempts: int = ...,
+    dedup_key: str | None = ..., schema: str = ..., table: str = ...,
+) -> EnqueueResult: ...
+
+
+@overload
+def enqueue_many(
     conn: psycopg.AsyncConnection[Any], jobs: Iterable[JobSpec | Mapping[str, Any]], *,
     schema: str = ..., table: str = ...,
 ) -> Coroutine[Any, Any, EnqueueResult]: ...
 
 
+@overload
+def enqueue_many(
+    conn: psycopg.AsyncConnection[Any], jobs: Iterable[Any], *, queue: str | None,
+    run_at: datetime | None = ..., priority: int = ..., max_attempts: int = ...,
+    dedup_key: str | None = ..., schema: str = ..., table: str = ...,
+) -> Coroutine[Any, Any, EnqueueResult]: ...
+
+
 def enqueue_many(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
-    jobs: Iterable[JobSpec | Mapping[str, Any]],
+    jobs: Iterable[Any],
     *,
+    queue: str | None = None,
+    run_at: datetime | None = None,
+    priority: int = 0,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    dedup_key: str | None = None,
     schema: str = DEFAULT_SCHEMA,
     table: str = DEFAULT_TABLE,
 ) -> EnqueueResult | Coroutine[Any, Any, EnqueueResult]:
     """Insert many jobs through COPY, in the caller's transaction.
+
+    ``jobs`` holds JobSpecs (or mappings of their fields); with ``queue=``, it holds
+    payloads instead, one job each on that queue, all with the same ``run_at``,
+    ``priority``, ``max_attempts`` and ``dedup_key`` (the options of :func:`enqueue`).
 
     Jobs without a dedup_key go straight into the table; when any job has one, the
     batch is staged in a temporary table (dropped at commit) and inserted with
@@ -283,8 +308,24 @@ def enqueue_many(
     ``psycopg.AsyncConnection`` it returns the awaitable of :func:`enqueue_many_async`.
     """
     if isinstance(conn, psycopg.AsyncConnection):
-        return enqueue_many_async(conn, jobs, schema=schema, table=table)
+        return enqueue_many_async(conn, jobs, queue=queue, run_at=run_at, priority=priority,
+                                  max_attempts=max_attempts, dedup_key=dedup_key,
+                                  schema=schema, table=table)
     cur = conn.cursor()
+    if queue is not None:
+        form = _Payloads.of(queue, jobs, run_at, priority, max_attempts, dedup_key, cur)
+        if form is None:
+            return EnqueueResult(0, 0)
+        if isinstance(form, _Payloads):
+            with _atomic(conn), cur.copy(_q("enqueue_copy_now", schema, table)) as copy:
+                copy.set_types(_NOW_TYPES)
+                write = copy.write
+                for chunk in form:
+                    write(chunk)
+            return EnqueueResult(form.written, 0)
+        jobs = form
+    else:
+        _no_options(run_at, priority, max_attempts, dedup_key)
     if conn.autocommit:
         streamed = _streamable(jobs)
         if isinstance(streamed, _Due):
@@ -333,14 +374,32 @@ def _write_bulk(cur: psycopg.Cursor[Any], bulk: _Bulk, schema: str,
 
 async def enqueue_many_async(
     conn: psycopg.AsyncConnection[Any],
-    jobs: Iterable[JobSpec | Mapping[str, Any]],
+    jobs: Iterable[Any],
     *,
+    queue: str | None = None,
+    run_at: datetime | None = None,
+    priority: int = 0,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    dedup_key: str | None = None,
     schema: str = DEFAULT_SCHEMA,
     table: str = DEFAULT_TABLE,
 ) -> EnqueueResult:
     """:func:`enqueue_many` on a ``psycopg.AsyncConnection``: the same statements and COPY
     text, awaited."""
     cur = conn.cursor()
+    if queue is not None:
+        form = _Payloads.of(queue, jobs, run_at, priority, max_attempts, dedup_key, cur)
+        if form is None:
+            return EnqueueResult(0, 0)
+        if isinstance(form, _Payloads):
+            async with _atomic(conn), cur.copy(_q("enqueue_copy_now", schema, table)) as copy:
+                copy.set_types(_NOW_TYPES)
+                for chunk in form:
+                    await copy.write(chunk)
+            return EnqueueResult(form.written, 0)
+        jobs = form
+    else:
+        _no_options(run_at, priority, max_attempts, dedup_key)
     if conn.autocommit:
         streamed = _streamable(jobs)
         if isinstance(streamed, _Due):
@@ -619,3 +678,73 @@ def _queue_field(queue: str) -> str | None:
     except UnicodeEncodeError:  # a lone surrogate: let psycopg raise its error
         return None
     return _COPY_SPECIAL.sub(lambda m: _COPY_ESCAPES[m.group()], queue) + "\t"
+
+
+# -- payloads on one queue: enqueue_many(conn, payloads, queue=...) ---------------------------
+
+
+def _no_options(run_at: datetime | None, priority: int, max_attempts: int,
+                dedup_key: str | None) -> None:
+    """TypeError for job options given with JobSpecs (each carries its own)."""
+    if (run_at is not None or priority != 0 or max_attempts != DEFAULT_MAX_ATTEMPTS
+            or dedup_key is not None):
+        raise TypeError("run_at, priority, max_attempts and dedup_key go with queue= "
+                        "(jobs are then payloads); a JobSpec carries its own")
+
+
+class _Payloads:
+    """The COPY text of payloads on one queue, due now: the bytes :class:`_NowText` (and
+    so ``write_row``) would send for ``JobSpec(queue, p, priority=..., max_attempts=...)``,
+    in chunks of ``_CHUNK_ROWS``, with no JobSpec built. The queue, priority and
+    max_attempts fields are the same on every row: only the payload is formatted.
+    ``written`` counts the rows yielded so far.
+    """
+
+    __slots__ = ("head", "payloads", "tail", "written")
+
+    def __init__(self, head: str, tail: str, payloads: Iterator[Any]) -> None:
+        self.head = head
+        self.tail = tail
+        self.payloads = payloads
+        self.written = 0
+
+    @classmethod
+    def of(cls, queue: str, payloads: Iterable[Any], run_at: datetime | None, priority: int,
+           max_attempts: int, dedup_key: str | None,
+           cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]
+           ) -> _Payloads | Iterable[JobSpec] | None:
+        """Check the options (the ValueError of a bad one, before anything is sent); None
+        when there are no payloads; a :class:`_Payloads` for the common case (due now, no
+        dedup_key, no trace context, int options, a queue COPY text can carry as it is,
+        psycopg's own dumpers); else the JobSpecs, for the paths of JobSpecs."""
+        _check(queue, max_attempts)
+        check_run_at(run_at)
+        it = iter(payloads)
+        first = next(it, _END)
+        if first is _END:
+            return None
+        it = chain((first,), it)
+        head = _queue_field(queue) if type(queue) is str else None
+        if (head is None or run_at is not None or dedup_key is not None
+                or type(priority) is not int or type(max_attempts) is not int
+                or _trace_context() is not None or not _stock_text_copy(cur)):
+            return (JobSpec(queue, p, run_at, priority, max_attempts, dedup_key) for p in it)
+        return cls(head, f"\t{priority}\t{max_attempts}\n", it)
+
+    def __iter__(self) -> Iterator[str]:
+        dumps = _json_encoder()
+        head, tail = self.head, self.tail
+        sep = tail + head
+        payloads = self.payloads
+        while True:
+            texts: list[str] = []
+            append = texts.append
+            for p in islice(payloads, _CHUNK_ROWS):
+                text = dumps(p)
+                if "\\" in text:  # json.dumps writes ASCII, no control characters: only \
+                    text = text.replace("\\", "\\\\")
+                append(text)
+            if not texts:
+                return
+            self.written += len(texts)
+            yield head + sep.join(texts) + tail

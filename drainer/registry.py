@@ -292,12 +292,9 @@ class BoundEnqueueMany(_Bound):
 
     def __call__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
                  payloads: Iterable[Any], **options: Any) -> Any:
-        from drainer.producer import JobSpec, enqueue_many
+        from drainer.producer import enqueue_many
 
-        where = {k: options.pop(k) for k in ("schema", "table") if k in options}
-        options = self._options(options)
-        return enqueue_many(conn, [JobSpec(self.queue, p, **options) for p in payloads],
-                            **where)
+        return enqueue_many(conn, payloads, queue=self.queue, **self._options(options))
 
 
 @dataclass(frozen=True)

@@ -113,12 +113,16 @@ class TriggerTransaction:
             self.enqueued += 1
         return job_id
 
-    def enqueue_many(self, jobs: Iterable[Any]) -> int:
-        """:func:`drainer.producer.enqueue_many` on this transaction; returns jobs inserted."""
+    def enqueue_many(self, jobs: Iterable[Any], *, queue: QueueRef | None = None,
+                     **options: Any) -> int:
+        """:func:`drainer.producer.enqueue_many` on this transaction; returns jobs inserted
+        (with ``queue=``, a name or a ``@task`` handler, ``jobs`` are its payloads)."""
         from drainer.producer import enqueue_many
+        from drainer.registry import queue_of
 
-        result = enqueue_many(self.conn, jobs, schema=self.settings.schema_name,
-                              table=self.settings.table)
+        result = enqueue_many(self.conn, jobs, queue=None if queue is None else queue_of(queue),
+                              schema=self.settings.schema_name, table=self.settings.table,
+                              **options)
         self.enqueued += result.enqueued
         return result.enqueued
 
@@ -199,13 +203,16 @@ class AsyncTriggerTransaction:
             self.enqueued += 1
         return job_id
 
-    async def enqueue_many(self, jobs: Iterable[Any]) -> int:
+    async def enqueue_many(self, jobs: Iterable[Any], *, queue: QueueRef | None = None,
+                           **options: Any) -> int:
         """:func:`drainer.producer.enqueue_many_async` on this transaction; returns jobs
-        inserted."""
+        inserted (with ``queue=``, ``jobs`` are its payloads)."""
         from drainer.producer import enqueue_many_async
+        from drainer.registry import queue_of
 
-        result = await enqueue_many_async(self.conn, jobs, schema=self.settings.schema_name,
-                                          table=self.settings.table)
+        result = await enqueue_many_async(
+            self.conn, jobs, queue=None if queue is None else queue_of(queue),
+            schema=self.settings.schema_name, table=self.settings.table, **options)
         self.enqueued += result.enqueued
         return result.enqueued
 

@@ -184,33 +184,51 @@ def enqueue_many(target: SyncTarget, jobs: Iterable[JobSpec | Mapping[str, Any]]
 
 
 @overload
+def enqueue_many(target: SyncTarget, jobs: Iterable[Any], *, queue: QueueRef | None,
+                 schema: str = ..., table: str = ..., trigger: Settings | None = ...,
+                 **options: Any) -> EnqueueResult: ...
+
+
+@overload
 def enqueue_many(target: AsyncTarget, jobs: Iterable[JobSpec | Mapping[str, Any]], *,
                  schema: str = ..., table: str = ..., trigger: Settings | None = ...
                  ) -> Coroutine[Any, Any, EnqueueResult]: ...
 
 
-def enqueue_many(target: SyncTarget | AsyncTarget,
-                 jobs: Iterable[JobSpec | Mapping[str, Any]], *,
-                 schema: str = DEFAULT_SCHEMA, table: str = DEFAULT_TABLE,
-                 trigger: Settings | None = None
+@overload
+def enqueue_many(target: AsyncTarget, jobs: Iterable[Any], *, queue: QueueRef | None,
+                 schema: str = ..., table: str = ..., trigger: Settings | None = ...,
+                 **options: Any) -> Coroutine[Any, Any, EnqueueResult]: ...
+
+
+def enqueue_many(target: SyncTarget | AsyncTarget, jobs: Iterable[Any], *,
+                 queue: QueueRef | None = None, schema: str = DEFAULT_SCHEMA,
+                 table: str = DEFAULT_TABLE, trigger: Settings | None = None, **options: Any
                  ) -> EnqueueResult | Coroutine[Any, Any, EnqueueResult]:
-    """:func:`drainer.producer.enqueue_many` (COPY) in the transaction of ``target``."""
+    """:func:`drainer.producer.enqueue_many` (COPY) in the transaction of ``target``;
+    with ``queue=`` (a name or a ``@task`` handler), ``jobs`` are payloads on that queue,
+    with the ``options`` of :func:`enqueue`."""
     if isinstance(target, AsyncSession | AsyncConnection):
-        return enqueue_many_async(target, jobs, schema=schema, table=table, trigger=trigger)
+        return enqueue_many_async(target, jobs, queue=queue, schema=schema, table=table,
+                                  trigger=trigger, **options)
     session = _session_of(target, trigger)
-    result = producer.enqueue_many(_sync_conn(target), jobs, schema=schema, table=table)
+    result = producer.enqueue_many(_sync_conn(target), jobs,
+                                   queue=None if queue is None else queue_of(queue),
+                                   schema=schema, table=table, **options)
     if result.enqueued:
         _want_trigger(session, trigger)
     return result
 
 
-async def enqueue_many_async(target: AsyncTarget, jobs: Iterable[JobSpec | Mapping[str, Any]],
-                             *, schema: str = DEFAULT_SCHEMA, table: str = DEFAULT_TABLE,
-                             trigger: Settings | None = None) -> EnqueueResult:
+async def enqueue_many_async(target: AsyncTarget, jobs: Iterable[Any], *,
+                             queue: QueueRef | None = None, schema: str = DEFAULT_SCHEMA,
+                             table: str = DEFAULT_TABLE, trigger: Settings | None = None,
+                             **options: Any) -> EnqueueResult:
     """:func:`enqueue_many` for an AsyncSession or an AsyncConnection."""
     session = _session_of(target, trigger)
-    result = await producer.enqueue_many_async(await _async_conn(target), jobs, schema=schema,
-                                               table=table)
+    result = await producer.enqueue_many_async(
+        await _async_conn(target), jobs, queue=None if queue is None else queue_of(queue),
+        schema=schema, table=table, **options)
     if result.enqueued:
         _want_trigger(session, trigger)
     return result

@@ -6,6 +6,7 @@ import asyncio
 import warnings
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import psycopg
 import pytest
@@ -245,3 +246,38 @@ def test_enqueue_many_async_streams_a_generator_as_the_sync_one(pg_url: str,
         conn.execute(f"TRUNCATE {schema}.jobs")
         assert enqueue_many(conn, jobs(), schema=schema) == EnqueueResult(602, 1)
     assert payloads(pg_url, schema) == async_payloads
+
+
+def test_enqueue_many_of_payloads_async_writes_what_the_sync_one_writes(
+        pg_url: str, migrated: Settings) -> None:
+    schema = migrated.schema_name
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    batches: list[tuple[list[Any], dict[str, Any]]] = [
+        ([{"i": i, "s": "a\\b"} for i in range(300)], {"priority": 2}),  # own COPY text
+        ([1, 2], {"run_at": later}), ([3, 4], {"dedup_key": "k"}),      # JobSpec paths
+    ]
+
+    async def run_async(autocommit: bool) -> list[EnqueueResult]:
+        async with await psycopg.AsyncConnection.connect(pg_url,
+                                                         autocommit=autocommit) as aconn:
+            with pytest.raises(TypeError, match="not JSON serializable"):
+                await enqueue_many(aconn, [*range(600), {1}], queue="a", schema=schema)
+            if not autocommit:
+                await aconn.rollback()
+            assert count_jobs(pg_url, schema) == 0
+            got = [await enqueue_many(aconn, b, queue="a", schema=schema, **o)
+                   for b, o in batches]
+            await aconn.commit()
+            return got
+
+    for autocommit in (True, False):
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"TRUNCATE {schema}.jobs")
+        got = asyncio.run(run_async(autocommit))
+        assert got == [EnqueueResult(300, 0), EnqueueResult(2, 0), EnqueueResult(1, 1)]
+        async_payloads = payloads(pg_url, schema)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"TRUNCATE {schema}.jobs")
+            assert [enqueue_many(conn, b, queue="a", schema=schema, **o)
+                    for b, o in batches] == got
+        assert payloads(pg_url, schema) == async_payloads

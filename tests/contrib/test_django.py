@@ -73,6 +73,7 @@ def test_atomic_rollback_writes_neither(shop: str, pg_url: str) -> None:
         place_order(2, schema=shop, fail=True)
     with transaction.atomic():
         enqueue_many([JobSpec("shop-emails", {"order": i}) for i in range(5)], schema=shop)
+        enqueue_many([{"order": i} for i in range(5)], queue="shop-emails", schema=shop)
         enqueue("shop-emails", {"order": 9}, schema=shop)
         transaction.set_rollback(True)
     assert (_orders(pg_url, shop), count_jobs(pg_url, shop)) == (0, 0)
@@ -84,7 +85,9 @@ def test_outside_atomic_it_commits_at_once(shop: str, pg_url: str) -> None:
     enqueue("shop-emails", {"order": 3}, schema=shop)
     got = enqueue_many([{"queue": "shop-emails", "payload": {"order": 4}}], schema=shop)
     assert got.enqueued == 1
-    assert count_jobs(pg_url, shop) == 2
+    got = enqueue_many([{"order": 5}, {"order": 6}], queue="shop-emails", schema=shop)
+    assert got.enqueued == 2
+    assert count_jobs(pg_url, shop) == 4
 
 
 def test_trigger_fires_on_commit_only(shop: str, trig: Settings, counter: Counter,

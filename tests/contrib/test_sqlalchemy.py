@@ -59,6 +59,7 @@ def test_session_rollback_writes_nothing(engine: Engine, migrated: Settings,
         dsa.enqueue(session, "emails", {"order": 1}, schema=schema)
         dsa.enqueue_many(session, [JobSpec("emails", {"n": i}) for i in range(5)],
                          schema=schema)
+        dsa.enqueue_many(session, [{"n": i} for i in range(5)], queue="emails", schema=schema)
         session.rollback()
     with pytest.raises(RuntimeError), Session(engine) as session, session.begin():
         dsa.enqueue(session, "emails", {"order": 2}, schema=schema)
@@ -72,16 +73,19 @@ def test_connection_in_a_begin_block(engine: Engine, migrated: Settings, pg_url:
         got = dsa.enqueue_many(conn, [{"queue": "emails", "payload": {"n": i}}
                                       for i in range(3)], schema=schema)
         assert got.enqueued == 3
+        got = dsa.enqueue_many(conn, [{"n": 5}, {"n": 6}], queue="emails", priority=2,
+                               schema=schema)
+        assert got.enqueued == 2
     with engine.connect() as conn:  # autobegin: commit() commits the job
         dsa.enqueue(conn, "emails", {"n": 3}, schema=schema)
         conn.commit()
     with engine.connect() as conn:
         dsa.enqueue(conn, "emails", {"n": 4}, schema=schema)
         conn.rollback()
-    assert count_jobs(pg_url, schema) == 4
+    assert count_jobs(pg_url, schema) == 6
     with engine.connect() as conn, pytest.raises(TypeError, match="Session"):
         dsa.enqueue(conn, "emails", {"n": 5}, schema=schema, trigger=migrated)
-    assert count_jobs(pg_url, schema) == 4  # refused before anything was written
+    assert count_jobs(pg_url, schema) == 6  # refused before anything was written
 
 
 def test_trigger_fires_after_commit_only(engine: Engine, trig: Settings, counter: Counter,

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from drainer.producer import JobSpec, enqueue_many
+from drainer.producer import EnqueueResult, JobSpec, enqueue_many
 from drainer.settings import Settings
 
 
@@ -135,3 +135,96 @@ def test_the_copy_is_open_while_the_generator_is_read(migrated: Settings,
     assert enqueue_many(conn, jobs(), schema=migrated.schema_name).enqueued == 1000
     assert seen[0] == psycopg.pq.TransactionStatus.IDLE  # the first job is read first
     assert set(seen[1:]) == {psycopg.pq.TransactionStatus.ACTIVE}  # then during the COPY
+
+
+# -- payloads on one queue: enqueue_many(conn, payloads, queue=...) ----------------------------
+
+_AWKWARD = [{"i": 0, "s": "x\ty\\z\n"}, [1, "\\"], "caf\u00e9", None, 2**70, {}]
+
+
+def test_payloads_on_one_queue_are_the_rows_of_their_jobspecs(migrated: Settings,
+                                                              conn: psycopg.Connection[Any]
+                                                              ) -> None:
+    schema = migrated.schema_name
+    payloads = _AWKWARD + [{"n": i} for i in range(600)]  # more than one COPY chunk
+    with conn.transaction():
+        got = enqueue_many(conn, payloads, queue="a\tq", priority=-3, max_attempts=2,
+                           schema=schema)
+    with conn.transaction():
+        enqueue_many(conn, [JobSpec("a\tq", p, priority=-3, max_attempts=2) for p in payloads],
+                     schema=schema)
+    assert got == EnqueueResult(len(payloads), 0)
+    rows = _rows(conn, schema)
+    assert [r[:2] + r[3:] for r in rows] == [
+        ("a\tq", p, -3, 2, None, "queued") for p in payloads * 2]
+
+
+def test_payloads_with_other_options_take_the_jobspec_paths(migrated: Settings,
+                                                            conn: psycopg.Connection[Any]
+                                                            ) -> None:
+    schema = migrated.schema_name
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    assert enqueue_many(conn, iter([1, 2]), queue="t", run_at=later,
+                        schema=schema) == EnqueueResult(2, 0)
+    assert enqueue_many(conn, [3, 4], queue="k", dedup_key="d",
+                        schema=schema) == EnqueueResult(1, 1)
+    assert enqueue_many(conn, [5], queue="b", priority=True, schema=schema).enqueued == 1
+    assert enqueue_many(conn, [], queue="e", schema=schema) == EnqueueResult(0, 0)
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    rows = _rows(conn, schema)
+    assert [(r[0], r[1], r[2] == later, r[3], r[5]) for r in rows] == [
+        ("t", 1, True, 0, None), ("t", 2, True, 0, None), ("k", 3, False, 0, "d"),
+        ("b", 5, False, 1, None)]
+    with pytest.raises(psycopg.DataError, match="NUL"):
+        enqueue_many(conn, [6], queue="n\x00ul", schema=schema)
+    assert len(_rows(conn, schema)) == 4
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"queue": ""}, "queue"), ({"queue": "q", "max_attempts": 0}, "max_attempts"),
+    ({"queue": "q", "run_at": datetime(1969, 12, 31, tzinfo=timezone.utc)}, "run_at"),
+    ({"priority": 2}, "go with queue="),
+])
+def test_bad_payload_options_send_nothing(migrated: Settings, pg_url: str,
+                                          options: dict[str, Any], match: str) -> None:
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("SELECT 1")
+        with pytest.raises((ValueError, TypeError), match=match):
+            enqueue_many(conn, _payloads(1000), schema=migrated.schema_name, **options)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.execute("SELECT 1")  # the caller's transaction is still usable
+    assert _rows_at(pg_url, migrated.schema_name) == []
+
+
+def _payloads(n: int, *tail: Any) -> Any:
+    yield from ({"i": i} for i in range(n))
+    yield from tail
+
+
+def test_a_bad_payload_late_writes_nothing(migrated: Settings,
+                                           conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        enqueue_many(conn, _payloads(1000, {1, 2}), queue="q", schema=migrated.schema_name)
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert _rows(conn, migrated.schema_name) == []
+
+
+def test_payloads_are_written_while_they_are_read(migrated: Settings,
+                                                 conn: psycopg.Connection[Any]) -> None:
+    seen: list[psycopg.pq.TransactionStatus] = []
+
+    def payloads() -> Any:
+        for i in range(1000):
+            if i % 300 == 0:
+                seen.append(conn.info.transaction_status)
+            yield i
+
+    assert enqueue_many(conn, payloads(), queue="s",
+                        schema=migrated.schema_name) == EnqueueResult(1000, 0)
+    assert seen[0] == psycopg.pq.TransactionStatus.IDLE
+    assert set(seen[1:]) == {psycopg.pq.TransactionStatus.ACTIVE}
+
+
+def _rows_at(pg_url: str, schema: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(pg_url) as conn:
+        return _rows(conn, schema)

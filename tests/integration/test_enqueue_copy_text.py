@@ -146,3 +146,27 @@ def test_a_connections_json_dumps_is_used(migrated: Settings, pg_url: str) -> No
         assert not producer._stock_text_copy(conn.cursor())
         enqueue_many(conn, [JobSpec("a", {"at": when})], schema=migrated.schema_name)
         assert _rows(conn, migrated.schema_name) == [("a", {"at": str(when)}, 0, 5)]
+
+
+_PLAIN_QUEUES = _QUEUES.filter(lambda q: producer._queue_field(q) is not None)
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(queue=_PLAIN_QUEUES, payloads=st.lists(_PAYLOADS.filter(lambda p: p != {1, 2}),
+                                              min_size=1, max_size=6),
+       priority=st.integers(-2**31, 2**31 - 1), max_attempts=st.integers(1, 2**31 - 1))
+def test_payloads_on_one_queue_are_what_write_row_sends(
+        conn: psycopg.Connection[Any], queue: str, payloads: list[Any], priority: int,
+        max_attempts: int) -> None:
+    # enqueue_many(conn, payloads, queue=...): the bytes of the same JobSpecs
+    form = producer._Payloads.of(queue, payloads, None, priority, max_attempts, None,
+                                 conn.cursor())
+    assert isinstance(form, producer._Payloads)
+    out = _Capture()
+    with psycopg.Copy(conn.cursor(), binary=False, writer=out) as copy:
+        for chunk in form:
+            copy.write(chunk)
+    specs = [JobSpec(queue, p, priority=priority, max_attempts=max_attempts) for p in payloads]
+    assert bytes(out.data) == _copy_bytes(conn, specs, text=False)
+    assert form.written == len(payloads)

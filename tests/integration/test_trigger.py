@@ -83,12 +83,13 @@ def test_commit_fires_once_for_many_enqueues(migrated: Settings, conn: psycopg.C
         for i in range(5):
             tx.enqueue("emails", {"n": i})
         tx.enqueue_many([JobSpec("emails", {"bulk": i}) for i in range(10)])
+        assert tx.enqueue_many([{"bulk": i} for i in range(3)], queue="emails") == 3
         assert state.posts == []  # nothing before the commit
         assert _count_jobs(conn, migrated.schema_name) == 0  # not visible yet
     assert tx.fired is True
     assert len(state.posts) == 1
     assert state.posts[0] == {"path": "/drain", "auth": "Bearer s3cret"}
-    assert _count_jobs(conn, migrated.schema_name) == 15
+    assert _count_jobs(conn, migrated.schema_name) == 18
 
 
 def test_rollback_fires_nothing(migrated: Settings, conn: psycopg.Connection[Any],

@@ -95,13 +95,19 @@ def enqueue(queue: QueueRef, payload: Any, *, run_at: datetime | None = None, pr
     return job_id
 
 
-def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], *, schema: str = DEFAULT_SCHEMA,
+def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]] | Iterable[Any], *,
+                 queue: QueueRef | None = None, schema: str = DEFAULT_SCHEMA,
                  table: str = DEFAULT_TABLE, using: str = "default",
-                 trigger: Settings | None = None) -> EnqueueResult:
-    """:func:`drainer.producer.enqueue_many` (COPY) on Django's connection ``using``."""
+                 trigger: Settings | None = None, **options: Any) -> EnqueueResult:
+    """:func:`drainer.producer.enqueue_many` (COPY) on Django's connection ``using``; with
+    ``queue=`` (a name or a ``@task`` handler), ``jobs`` are payloads on that queue, with
+    the ``options`` of :func:`enqueue`."""
     from drainer.producer import enqueue_many as _enqueue_many
+    from drainer.registry import queue_of
 
-    result = _enqueue_many(psycopg_connection(using), jobs, schema=schema, table=table)
+    result = _enqueue_many(psycopg_connection(using), jobs,
+                           queue=None if queue is None else queue_of(queue), schema=schema,
+                           table=table, **options)
     if result.enqueued:
         _on_commit(trigger, using)
     return result
