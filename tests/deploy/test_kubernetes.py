@@ -95,14 +95,8 @@ def test_kustomization_lists_the_base() -> None:
 
 
 def test_kustomize_build_is_valid() -> None:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed: `kubectl kustomize` not run (the "
-                    "kustomization is still checked by test_kustomization_lists_the_base)")
-    out = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stderr
-    built = [d for d in yaml.safe_load_all(out.stdout) if d]
+    built = _kustomize(K8S, "the kustomization is still checked by "
+                            "test_kustomization_lists_the_base")
     assert sorted(d["kind"] for d in built) == ["CronJob", "Deployment", "Service",
                                                 "ServiceAccount"]
     for resource in built:
@@ -118,11 +112,14 @@ def test_kustomize_build_is_valid() -> None:
 CRONJOB_ONLY = DEPLOY / "kubernetes-cronjob-only"
 
 
-def _kustomize(folder: Path) -> list[dict[str, Any]]:
+def _kustomize(folder: Path, still: str = "the overlay is still checked by "
+                                       "test_cronjob_only_overlay_drops_exactly_serve"
+               ) -> list[dict[str, Any]]:
+    """``kubectl kustomize FOLDER``'s resources (skipped without kubectl: ``still`` says
+    what checks the folder then)."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl is not installed: `kubectl kustomize` not run (the overlay is "
-                    "still checked by test_cronjob_only_overlay_drops_exactly_serve)")
+        pytest.skip(f"kubectl is not installed: `kubectl kustomize` not run ({still})")
     out = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
