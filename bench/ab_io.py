@@ -11,7 +11,6 @@ both) and the ratio new / old.
 
 from __future__ import annotations
 
-import compileall
 import json
 import os
 import statistics
@@ -22,7 +21,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from bench.core import ROOT, ensure_database, fill
+from bench.core import ROOT, ensure_database, fill, prepare_tree
 
 SERVER = os.environ.get("BENCH_SERVER_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 JOBS = 4000
@@ -43,12 +42,10 @@ def main(argv: list[str]) -> int:
     queue = f"io_{argv[4] if len(argv) > 4 else 'async'}"
     url = ensure_database(SERVER, "drainer_bench_ab_io")
     for k, tree in trees.items():
-        compileall.compile_dir(tree, quiet=1, workers=1)  # as an installed package has it
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
                 sql.Identifier(f"b_ab_io_{k}")))
-        subprocess.run([sys.executable, "-m", "drainer", "migrate"], check=True, cwd="/",
-                       capture_output=True, env=_env(tree, url, f"b_ab_io_{k}"))
+        prepare_tree(tree, url, f"b_ab_io_{k}")
     rates: dict[str, list[float]] = {k: [] for k in trees}
     for rnd in range(rounds):
         for k in (["old", "new"] if rnd % 2 == 0 else ["new", "old"]):

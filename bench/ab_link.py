@@ -11,7 +11,6 @@ were held and the statements they carried.
 
 from __future__ import annotations
 
-import compileall
 import json
 import os
 import statistics
@@ -19,20 +18,12 @@ import subprocess
 import sys
 import time
 
-from bench.core import ROOT, ensure_database, fill
+from bench.core import ROOT, ensure_database, fill, prepare_tree
 from bench.link import via
 from bench.proxy import DelayProxy
 
 SERVER = os.environ.get("BENCH_SERVER_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 Result = tuple[float, float | None, int | None]
-
-
-def _migrate(tree: str, url: str, schema: str) -> None:
-    """Each tree migrates its own schema: the two may be at different versions."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import psycopg; "
-            "from drainer.migrate import migrate; "
-            "migrate(psycopg.connect(sys.argv[2], autocommit=True), sys.argv[3], 'jobs')")
-    subprocess.run([sys.executable, "-c", code, tree, url, schema], check=True, cwd="/")
 
 
 def _run(tree: str, url: str, schema: str, jobs: int, proxy: DelayProxy | None) -> Result:
@@ -67,9 +58,7 @@ def main(argv: list[str]) -> int:
     url = ensure_database(SERVER, "drainer_bench_ab_link")
     schemas = {k: f"b_ab_link_{k}" for k in trees}
     for k, tree in trees.items():
-        # bytecode written first, as an installed package has it (see bench.cli)
-        compileall.compile_dir(tree, quiet=1, workers=1)
-        _migrate(tree, url, schemas[k])
+        prepare_tree(tree, url, schemas[k])
     proxies = {r: DelayProxy(r, ("127.0.0.1", 5432)) for r in rtts if r > 0}
     for proxy in proxies.values():
         proxy.start()

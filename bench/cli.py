@@ -19,11 +19,9 @@ each figure is the median of the repetitions with the min and max beside it.
 from __future__ import annotations
 
 import argparse
-import compileall
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import sys
@@ -58,6 +56,7 @@ from bench.core import (
     jobs_table,
     log,
     run_timed,
+    write_bytecode,
 )
 from bench.io_bound import DEFAULT_PLAN, parse_plan, section_io
 from bench.link import section_link_drain, section_link_empty
@@ -423,16 +422,6 @@ def _session_cell(d: Series, p: Series) -> str:
             f"{fmt_rate(statistics.median(p.session))} ({ratio:.2f})")
 
 
-def _compile_drainer() -> None:
-    """Write drainer's bytecode (and the bench apps') before timing, as ``pip install``
-    does for an installed package and for the peers' and psycopg's own modules: an editable
-    checkout run with PYTHONDONTWRITEBYTECODE (set on this machine) would otherwise compile
-    every module at each timed process start, about a quarter of an empty run-once's
-    instructions, which no installed drainer pays."""
-    for folder in (ROOT / "drainer", ROOT / "bench"):
-        compileall.compile_dir(str(folder), quiet=1, workers=1, rx=re.compile(r"peers-venv"))
-
-
 def _drainer_bytecode() -> str:
     """Whether the drainer runs timed here read their modules' bytecode from a cache, or
     compiled every module at each process start (with PYTHONDONTWRITEBYTECODE set and no
@@ -608,7 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             sys.stderr.write(f"bench: {problem}; run with --no-peers\n")
             return 1
-    _compile_drainer()
+    for folder in (ROOT / "drainer", ROOT / "bench"):  # as an installed drainer has it
+        write_bytecode(folder)
     ctx = Ctx(args)
     started = datetime.now(timezone.utc)
     shown_args = argv if argv is not None else sys.argv[1:]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import compileall
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -173,3 +175,23 @@ def fmt_rate(x: float) -> str:
     if x != x:  # nan
         return "n/a"
     return f"{x:,.0f}"
+
+
+def write_bytecode(folder: Path | str) -> None:
+    """Write the bytecode of the modules under ``folder``, as ``pip install`` does for an
+    installed package (and did for the peers' and psycopg's): run from a checkout with
+    PYTHONDONTWRITEBYTECODE set (as on this machine), every timed drainer start would
+    otherwise compile each of its modules again, about a quarter of an empty run-once's
+    instructions. The peers' venv under bench/ has its own."""
+    compileall.compile_dir(str(folder), quiet=1, workers=1, rx=re.compile(r"peers-venv"))
+
+
+def prepare_tree(tree: str, url: str, schema: str) -> None:
+    """A drainer source tree of an A/B (``git archive REV drainer | tar -x -C DIR``): its
+    bytecode written, and ``schema`` migrated by the tree's own code (the two trees may be
+    at different schema versions)."""
+    write_bytecode(tree)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import psycopg; "
+            "from drainer.migrate import migrate; "
+            "migrate(psycopg.connect(sys.argv[2], autocommit=True), sys.argv[3], 'jobs')")
+    subprocess.run([sys.executable, "-c", code, tree, url, schema], check=True, cwd="/")
