@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -145,18 +146,12 @@ def regclass_literal(schema: str, table: str) -> str:
     return '"{}"."{}"'.format(schema.replace('"', '""'), table.replace('"', '""'))
 
 
-_dumpers_warm = False
-
-
+@functools.cache
 def warm_dumpers() -> None:
     """Once a process, before its first connection: dump the kinds of parameters drainer's
     statements send (lists of names and of numbers with NULLs, numbers, text). psycopg
     builds each kind's dumper the first time (a list's quoting regex: about 0.5 ms), and
     the first time was the run's first statement, inside the open (billed) session."""
-    global _dumpers_warm
-    if _dumpers_warm:
-        return
-    _dumpers_warm = True
     tx = psycopg.adapt.Transformer()
     for value in (["queue"], [None], [None, 1], 1, 1.5, "text", True):
         tx.get_dumper(value, psycopg.adapt.PyFormat.AUTO).dump(value)
