@@ -488,25 +488,56 @@ class Queries:
         there), due_queues, the paused queues and the operator's limits in one statement:
         (version or None when the table is missing, reaped rows, due queues, paused queues,
         {queue: Control} of the limited ones)."""
+        version, reaped, due, paused, controls, _ = \
+            self.run_start_and_finish(queues, latest, max_attempts)
+        return version, reaped, due, paused, controls
+
+    def run_start_and_finish(
+        self, queues: Sequence[str], latest: int,
+        max_attempts: Sequence[int | None] | None = None,
+        finish: dict[str, Any] | None = None,
+    ) -> tuple[int | None, list[tuple[int, str, int]], list[str], set[str],
+               dict[str, Control], dict[str, Any] | None]:
+        """:meth:`run_start`, and with ``finish`` (:meth:`finish_run`'s keyword arguments)
+        finish_run behind it in the same message, round trip and transaction: it does the
+        end of the run when run_start found nothing to claim, else nothing. The last item:
+        finish_run's result, or None when it did nothing (or was not sent).
+
+        The two go as one simple-protocol Query, values bound by psycopg's ClientCursor (the
+        extended protocol takes one statement a message; psycopg's pipeline would send them
+        in one round trip too, but a Sync more when its block ends, and it logs the error of
+        the first statement a second time)."""
         limits = list(max_attempts) if max_attempts is not None else [None] * len(queues)
+        params = {"table": self.table, "queues": list(queues), "latest": latest,
+                  "max_attempts": limits}
+        fin: dict[str, Any] | None = None
         try:
-            rows = self._exec("run_start", {"table": self.table, "queues": list(queues),
-                                            "latest": latest,
-                                            "max_attempts": limits}).fetchall()
+            if finish is None:
+                rows = self._exec("run_start", params).fetchall()
+            else:
+                cur = psycopg.ClientCursor(self.conn)
+                cur.execute(f"{self._sql['run_start']};\n{self._sql['finish_run']}",
+                            {**params, **self._finish_params(queues, if_idle=True, **finish)})
+                rows = cur.fetchall()
+                cur.nextset()
+                cur.row_factory = dict_row
+                fin = self._finish_row(cur)
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
                 psycopg.errors.UndefinedColumn):
             if not self.conn.autocommit:
                 self.conn.rollback()
+            if finish is not None:  # the two rolled back together: run_start alone, as before
+                return self.run_start_and_finish(queues, latest, max_attempts)
             # no jobs table, or one older than a table or column the statement reads (an
             # upgrade without `drainer migrate`): say which version it is
-            return self.schema_version(), [], [], set(), {}
+            return self.schema_version(), [], [], set(), {}, None
         version = next((r[1] for r in rows if r[0] == "version"), None)
         reaped = [(r[1], r[2], r[3]) for r in rows if r[0] == "reaped"]
         due = [r[4] for r in sorted((r for r in rows if r[0] == "due"), key=lambda r: r[5])]
         paused = {r[4] for r in rows if r[0] == "paused"}
         controls = {r[4]: Control(r[1], None if r[3] is None else Rate(r[3], r[5] / 1e6))
                     for r in rows if r[0] == "limit"}
-        return version, reaped, due, paused, controls
+        return version, reaped, due, paused, controls, fin
 
     def archive_batch(self, status: str, older_than: float, batch_size: int,
                       move: bool) -> int:
@@ -539,13 +570,27 @@ class Queries:
         ``served`` defaults to ``queues``).
         """
         cur = self.conn.cursor(row_factory=dict_row)
-        cur.execute(self._sql["finish_run"], {
-            "queues": list(queues), "archive_after": archive_after,
-            "failed_retention": failed_retention, "batch_size": batch_size,
-            "regclass": self.regclass, "served": list(queues if served is None else served),
-        })
+        cur.execute(self._sql["finish_run"], self._finish_params(
+            queues, archive_after=archive_after, failed_retention=failed_retention,
+            batch_size=batch_size, served=served))
+        out = self._finish_row(cur)
+        assert out is not None
+        return out
+
+    def _finish_params(self, queues: Sequence[str], *, archive_after: float,
+                       failed_retention: float, batch_size: int,
+                       served: Sequence[str] | None = None, if_idle: bool = False
+                       ) -> dict[str, Any]:
+        return {"queues": list(queues), "archive_after": archive_after,
+                "failed_retention": failed_retention, "batch_size": batch_size,
+                "regclass": self.regclass,
+                "served": list(queues if served is None else served), "if_idle": if_idle}
+
+    @staticmethod
+    def _finish_row(cur: psycopg.Cursor[dict[str, Any]]) -> dict[str, Any] | None:
         row = cur.fetchone()
-        assert row is not None
+        if row is None:  # if_idle, and the run had something to claim
+            return None
         out = dict(row)
         out["unserved_due"] = _counts(out.get("unserved_due"))
         return out

@@ -85,6 +85,10 @@ def run_once(
     with signals:
         try:
             latest = latest_version()  # read before the session is open (it is billed)
+            schedules = DrainSync(registry.schedules.values(), queues)
+            # the end of an empty run goes out behind run_start (one round trip for both);
+            # not with recurring definitions, whose sync comes between the two
+            finish = None if schedules.definitions else _finish_args(settings, registry)
             # what is alive now leaves the collector's generations before the session opens:
             # a full collection while it is open would walk every module of the process
             collector.freeze_startup()
@@ -93,10 +97,11 @@ def run_once(
             try:
                 q = db.Queries(conn, settings.schema_name, settings.table)
                 # schema check, reap, which queues have due jobs and which are paused (the
-                # run's one lookup of them): one round trip
-                version, reaped, due, paused, controls = q.run_start(
-                    queues, latest,
-                    [registry.tasks[name].max_attempts for name in queues])
+                # run's one lookup of them), and the end of the run if nothing is due: one
+                # round trip
+                version, reaped, due, paused, controls, fin = q.run_start_and_finish(
+                    queues, latest, [registry.tasks[name].max_attempts for name in queues],
+                    finish)
                 check_version(q, version, latest)
                 logger.debug("drain started", extra={"run_id": report.run_id,
                                                      "queues": queues})
@@ -107,9 +112,9 @@ def run_once(
                                 extra={"run_id": report.run_id})
                     report.queues = [name for name in queues if name not in paused]
                     due = [name for name in due if name not in paused]
+                    fin = None  # it read the paused queues' jobs too: again at the end
                 # the recurring definitions of the served queues (a statement only when the
                 # app has some): their next occurrences are rows before anything is claimed
-                schedules = DrainSync(registry.schedules.values(), queues)
                 if schedules.definitions:
                     synced = schedules.start(q)
                     if synced.superseded or synced.caught_up:  # catch-up runs, due now
@@ -119,6 +124,7 @@ def run_once(
                 # the queues drained (paused ones left out) that have due jobs: with none,
                 # the loop would claim nothing, so it is not built (nor its heartbeat thread)
                 if report.queues and due:
+                    fin = None  # (it did nothing: run_start found jobs to claim)
                     drain = parts["drain"] = _build(settings, registry, conn, q, report,
                                                     limits, hurry, progress, tasks)
                     drain.claims.known_due(due)
@@ -135,7 +141,7 @@ def run_once(
                 schedules.finish(q)
                 served = registry.queues()
                 if not stop.is_set():
-                    _maintain(settings, q, report, served, watchdog)
+                    _maintain(settings, q, report, served, watchdog, fin)
                 else:
                     report.remaining_due, next_due, report.unserved_due = \
                         q.queue_summary_served(queues, served)
@@ -268,15 +274,28 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
     return drain
 
 
+def _finish_args(settings: Settings, registry: Registry) -> dict[str, Any] | None:
+    """finish_run's arguments for the end of a run (archive-mode delete; None: the archive
+    mode has statements of its own)."""
+    if settings.archive_mode != "delete":
+        return None
+    return {"archive_after": settings.archive_after,
+            "failed_retention": settings.failed_retention,
+            "batch_size": settings.archive_batch_size, "served": registry.queues()}
+
+
 def _maintain(settings: Settings, q: db.Queries, report: RunReport,
-              served: list[str], watchdog: Watchdog | None = None) -> None:
+              served: list[str], watchdog: Watchdog | None = None,
+              fin: dict[str, Any] | None = None) -> None:
     """After the drain: archive, vacuum, and what is left due (on queues with handlers, and
-    on queues without)."""
+    on queues without). ``fin``: finish_run's result when it went out with run_start (an
+    empty run)."""
     queues = report.queues
     if settings.archive_mode == "delete":
         # archive, table health and what is left in one statement
-        fin = q.finish_run(queues, settings.archive_after, settings.failed_retention,
-                           settings.archive_batch_size, served=served)
+        if fin is None:
+            fin = q.finish_run(queues, settings.archive_after, settings.failed_retention,
+                               settings.archive_batch_size, served=served)
         report.unserved_due = fin["unserved_due"]
         config = archiver.ArchiverConfig.from_settings(settings)
         report.archived = archiver.run_once_after(

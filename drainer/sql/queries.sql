@@ -432,7 +432,11 @@ RETURNING j.id, j.status, j.attempts;
 -- served queue an operator limited (`drainer limit`). A reaped job put back
 -- to queued makes its queue due (the CTE's snapshot does not see the update). A table older
 -- than migration 0004 has no control table: the statement fails and the drain asks
--- schema_version alone, which tells it to migrate.
+-- schema_version alone, which tells it to migrate. Last, one ('idle', ...) row: its status
+-- is whether the run has nothing to claim (the version is `latest` and no queue that is not
+-- paused is due), also set as drainer.idle for the rest of this transaction, which
+-- finish_run with if_idle reads: sent behind this statement before its answer (one round
+-- trip for both), the end of an empty run is done then, and is a no-op otherwise.
 WITH v AS (
   SELECT max(version) AS version FROM {migrations} WHERE table_name = %(table)s
 ), reaped AS (
@@ -457,6 +461,18 @@ WITH v AS (
     AND j.queue = t.queue
     AND (SELECT version FROM v) = %(latest)s
   RETURNING j.id, j.status, j.attempts, j.queue
+), paused AS MATERIALIZED (
+  SELECT c.queue FROM {control} c WHERE c.paused AND c.queue = ANY (%(queues)s::text[])
+), due AS MATERIALIZED (
+  SELECT q.queue, q.n
+  FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
+  WHERE EXISTS (SELECT 1 FROM reaped r WHERE r.queue = q.queue AND r.status = 'queued')
+     OR EXISTS (
+       SELECT 1 FROM (
+         SELECT 1 FROM {jobs} j
+         WHERE j.queue = q.queue AND j.status = 'queued' AND j.run_at <= now()
+         ORDER BY j.priority DESC, j.run_at, j.id
+         LIMIT 1) AS due)
 )
 SELECT 'version' AS kind, version::bigint AS id, NULL::text AS status, NULL::int AS attempts,
        NULL::text AS queue, 0::bigint AS n
@@ -464,8 +480,7 @@ FROM v
 UNION ALL
 SELECT 'reaped', id, status, attempts, queue, 0 FROM reaped
 UNION ALL
-SELECT 'paused', NULL, NULL, NULL, c.queue, 0
-FROM {control} c WHERE c.paused AND c.queue = ANY (%(queues)s::text[])
+SELECT 'paused', NULL, NULL, NULL, queue, 0 FROM paused
 UNION ALL
 -- an operator's limits (`drainer limit`, migration 0007): id = max_running, attempts =
 -- rate_count, n = rate_period in microseconds (NULLs: not set)
@@ -475,15 +490,15 @@ FROM {control} c
 WHERE (c.max_running IS NOT NULL OR c.rate_count IS NOT NULL)
   AND c.queue = ANY (%(queues)s::text[])
 UNION ALL
-SELECT 'due', NULL, NULL, NULL, q.queue, q.n
-FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
-WHERE EXISTS (SELECT 1 FROM reaped r WHERE r.queue = q.queue AND r.status = 'queued')
-   OR EXISTS (
-     SELECT 1 FROM (
-       SELECT 1 FROM {jobs} j
-       WHERE j.queue = q.queue AND j.status = 'queued' AND j.run_at <= now()
-       ORDER BY j.priority DESC, j.run_at, j.id
-       LIMIT 1) AS due);
+SELECT 'due', NULL, NULL, NULL, queue, n FROM due
+UNION ALL
+SELECT 'idle', NULL,
+       set_config('drainer.idle',
+                  (coalesce((SELECT version FROM v) = %(latest)s, false)
+                   AND NOT EXISTS (SELECT 1 FROM due
+                                   WHERE due.queue NOT IN (SELECT queue FROM paused)))::text,
+                  true),
+       NULL, NULL, 0;
 
 -- name: archive_delete
 -- Delete up to batch_size finished jobs of one status older than the cutoff.
@@ -565,10 +580,16 @@ WHERE c.oid = %(regclass)s::regclass;
 -- The end of a drain in one statement (archive-mode delete): one archive_delete batch of
 -- done and one of failed jobs, table_health and queue_summary. The archiver goes on with
 -- archive_delete when a batch came back full. unserved_due: as in queue_summary.
-WITH RECURSIVE done_gone AS (
+-- if_idle: sent right behind run_start (one round trip for both), only when run_start found
+-- nothing to claim (drainer.idle, set in that transaction); else it does nothing and
+-- returns no row (a one-time filter: nothing read, nothing deleted).
+WITH RECURSIVE go AS (
+  SELECT NOT %(if_idle)s OR current_setting('drainer.idle', true) = 'true' AS go
+), done_gone AS (
   DELETE FROM {jobs} j
   USING (SELECT id FROM {jobs}
          WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(archive_after)s)
+           AND (SELECT go FROM go)
          LIMIT %(batch_size)s) d
   WHERE j.id = d.id
   RETURNING 1
@@ -577,6 +598,7 @@ WITH RECURSIVE done_gone AS (
   USING (SELECT id FROM {jobs}
          WHERE status = 'failed'
            AND finished_at < now() - make_interval(secs => %(failed_retention)s)
+           AND (SELECT go FROM go)
          LIMIT %(batch_size)s) f
   WHERE j.id = f.id
   RETURNING 1
@@ -621,7 +643,7 @@ CROSS JOIN (
         FROM queued_queues qq
         WHERE qq.queue IS NOT NULL AND qq.queue <> ALL(%(served)s::text[])) s
 ) u
-WHERE c.oid = %(regclass)s::regclass;
+WHERE c.oid = %(regclass)s::regclass AND (SELECT go FROM go);
 
 -- name: vacuum_after_drain
 -- The end of a run that left n_dead_tup >= --vacuum-threshold: a compute that suspends soon

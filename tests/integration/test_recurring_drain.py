@@ -14,7 +14,7 @@ from drainer import db, run_once
 from drainer.recurring import DrainSync, define, sync
 from drainer.registry import Job, Registry
 from drainer.settings import Settings
-from tests.integration.test_run_cost import _statements, traced  # noqa: F401 - a fixture
+from tests.integration.test_run_cost import _round_trips, traced  # noqa: F401 - a fixture
 
 UTC = timezone.utc
 
@@ -48,7 +48,7 @@ def test_a_drain_runs_the_due_occurrence_and_reports_the_next(
     assert again.claimed == 0 and again.next_due_at == report.next_due_at
 
 
-def test_a_drain_with_definitions_sends_one_statement_more_than_without(
+def test_a_drain_with_definitions_sends_three_statements_whatever_their_number(
         migrated: Settings, registry: Registry, traced: list[tuple[Any, Path]]) -> None:  # noqa: F811
     registry.task("nightly", cron="0 3 * * *", timezone="Europe/Berlin")(lambda job: None)
     for i in range(50):
@@ -56,11 +56,12 @@ def test_a_drain_with_definitions_sends_one_statement_more_than_without(
     first = run_once(migrated, registry=registry)
     assert first.claimed == 0 and first.next_due_at is not None
     _conn, path = traced[0]
-    # run_start (schema check, reap, due queues), the sync of 51 definitions, finish_run:
-    # one statement more than an empty run without definitions, whatever their number
-    assert _statements(path) == 3
+    # run_start (schema check, reap, due queues), the sync of 51 definitions, finish_run,
+    # one round trip each, whatever their number (without definitions an empty run sends
+    # run_start and finish_run together: one round trip)
+    assert _round_trips(path) == 3
     second = run_once(migrated, registry=registry)
-    assert _statements(traced[1][1]) == 3 and second.next_due_at == first.next_due_at
+    assert _round_trips(traced[1][1]) == 3 and second.next_due_at == first.next_due_at
 
 
 def test_removing_a_definition_from_the_app_removes_its_future_row(

@@ -37,10 +37,22 @@ def traced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[Any, P
     return opened
 
 
-def _statements(path: Path) -> int:
-    # one ReadyForQuery from the server for each statement (autocommit, no pipeline)
+def _round_trips(path: Path) -> int:
+    # one ReadyForQuery from the server for each statement (autocommit, no pipeline), or for
+    # each Sync (pipeline mode): the round trips
     return sum(1 for line in path.read_text().splitlines()
                if line.startswith("B") and "ReadyForQuery" in line)
+
+
+def _sent(path: Path) -> list[str]:
+    """The messages sent that run statements: Execute (extended protocol) or Query (simple
+    protocol, which may hold several), the latter with its text."""
+    out = []
+    for line in ("\n" + path.read_text()).split("\nF\t")[1:]:
+        kind = line.split("\t")[1] if "\t" in line else ""
+        if kind.startswith("Execute") or kind.startswith("Query"):
+            out.append(line)
+    return out
 
 
 @pytest.mark.parametrize("queues", [1, 50, 300])
@@ -54,10 +66,14 @@ def test_empty_queue_costs_two_statements_on_one_connection(
     assert len(traced) == 1
     conn, path = traced[0]
     assert conn.closed
-    # run_start (schema check + reap + which queues are due: none, so no claim), then
-    # finish_run (archive + table health + queue summary); it was 4 (schema check, reap,
-    # claim, finish_run) with one queue and 3 + one claim per queue with more
-    assert _statements(path) == 2
+    # run_start (schema check + reap + which queues are due: none, so no claim) and
+    # finish_run (archive + table health + queue summary), sent together: one round trip
+    # (it was 2; before that 4: schema check, reap, claim, finish_run, with one queue and
+    # 3 + one claim per queue with more)
+    [query] = _sent(path)
+    assert query.split("\t")[1].startswith("Query")
+    assert "-- name" not in query and query.count("drainer.idle") == 2  # the two statements
+    assert _round_trips(path) == 1
 
 
 @pytest.mark.parametrize("queues", [1, 300])
@@ -161,3 +177,50 @@ def test_long_drains_vacuum_between_batches(pg_url: str, migrated: Settings,
     assert report.succeeded == 200 and report.lost == 0
     # due once 60 jobs are written, done after the next flush: at 70 and 140 finished jobs
     assert _vacuum_count(conn, migrated.schema_name) - before == expected
+
+
+def _jobs(s: Settings) -> sql.Identifier:
+    return sql.Identifier(s.schema_name, "jobs")
+
+
+def test_finish_run_behind_run_start_does_nothing_when_a_job_is_due(
+        migrated: Settings, conn: psycopg.Connection[Any]) -> None:
+    """finish_run sent behind run_start (if_idle) archives and counts only when run_start
+    found nothing to claim; with a due job it reads nothing, deletes nothing, returns no
+    row, and the run's end sends it again."""
+    conn.execute(sql.SQL(
+        "INSERT INTO {} (queue, status, finished_at) "
+        "SELECT 'a', 'done', now() - interval '30 days' FROM generate_series(1, 4)")
+        .format(_jobs(migrated)))
+    q = db.Queries(conn, migrated.schema_name, migrated.table)
+    finish = {"archive_after": 86400.0, "failed_retention": 86400.0, "batch_size": 100,
+              "served": ["a"]}
+    latest = drain_cycle.latest_version()
+    conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES ('a')").format(_jobs(migrated)))
+    version, _, due, _, _, fin = q.run_start_and_finish(["a"], latest, [None], finish)
+    assert version == latest and due == ["a"] and fin is None
+    assert conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'done'")
+                        .format(_jobs(migrated))).fetchone() == (4,)
+    conn.execute(sql.SQL("DELETE FROM {} WHERE status = 'queued'").format(_jobs(migrated)))
+    _, _, due, _, _, fin = q.run_start_and_finish(["a"], latest, [None], finish)
+    assert due == [] and fin is not None
+    assert fin["archived_done"] == 4 and fin["remaining_due"] == 0
+    # alone (the end of a run that drained), finish_run runs whatever run_start said
+    assert q.finish_run(["a"], 86400.0, 86400.0, 100)["archived_done"] == 0
+
+
+def test_an_empty_run_with_a_paused_due_queue_counts_only_the_drained_queues(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]]) -> None:
+    """What finish_run counted behind run_start included the paused queue's jobs: the run
+    asks again at its end, for the queues it drained."""
+    from drainer.ops import pause
+
+    registry.task("a")(lambda job: None)
+    registry.task("b")(lambda job: None)
+    conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES ('a'), ('a')").format(_jobs(migrated)))
+    pause(migrated, ["a"])
+    report = run_once(migrated, registry=registry)
+    assert report.paused == ["a"] and report.queues == ["b"]
+    assert report.claimed == 0 and report.remaining_due == 0
+    assert _round_trips(traced[0][1]) == 2
