@@ -320,19 +320,22 @@ class Handlers:
         finished: list[tuple[Outcome, Running]] = []
         until = time.monotonic() + block_for
         got: list[Outcome] = []
-        while True:
+        while len(got) < want:
+            left = until - time.monotonic()
+            if left <= 0:
+                break
             try:
-                left = until - time.monotonic()
-                item = self.done_q.get(timeout=left) if left > 0 and len(got) < want \
-                    else self.done_q.get_nowait()
+                self._got(self.done_q.get(timeout=left), got)
             except queue_mod.Empty:
-                if len(got) >= want or time.monotonic() >= until:
-                    break
                 continue
-            if isinstance(item, list):
-                got.extend(item)
-            else:
-                got.append(item)
+        # then what is queued now, not what keeps coming: with 1,000 tasks ending a few a
+        # turn of the event loop, "until the queue is empty" held the drain loop (and the
+        # claim that refills the handlers) here for as long as they kept ending
+        for _ in range(self.done_q.qsize()):
+            try:
+                self._got(self.done_q.get_nowait(), got)
+            except queue_mod.Empty:
+                break
         if got:
             with self.count_lock:
                 self.uncollected -= len(got)
@@ -353,6 +356,13 @@ class Handlers:
                                      f"{self.timeout(r.task)}s (abandoned, told to stop)",
                                      round(now - r.started, 6)), finished)
         return finished
+
+    @staticmethod
+    def _got(item: Outcome | list[Outcome], got: list[Outcome]) -> None:
+        if isinstance(item, list):
+            got.extend(item)
+        else:
+            got.append(item)
 
     def wait_sequential(self, block_for: float) -> bool:
         """Sequential handlers: sleep until the handler thread has run all it was given
@@ -402,8 +412,10 @@ class Handlers:
 class EventLoopThread:
     """One event loop on a daemon thread for the whole drain: async handlers run on it as
     tasks (``asyncio.wait_for`` for their timeouts), at most ``limit`` at once, their
-    outcomes handed back through ``done``, those of one turn of the loop as one list (1,000
-    tasks whose sleeps end together wake the drain loop once). Jobs handed over beyond the
+    outcomes handed back through ``done``, those of one turn of the loop as one list, or
+    ``hand_back_at`` at a time in a long turn (1,000 tasks whose sleeps end together wake
+    the drain loop at most 8 times, the first after an eighth of them, not after the whole
+    turn, tens of ms later). Jobs handed over beyond the
     limit wait here (queued ahead, as for the handler threads), start on the loop's thread
     as soon as a task ends, and can be taken back on shutdown.
     Like the handler threads it does not hold up the process's exit: a task still running
@@ -417,6 +429,8 @@ class EventLoopThread:
         self.waiting: deque[tuple[Running, float | None]] = deque()
         # outcomes of this turn of the loop, handed back together at its end (loop's thread)
         self.ended: list[Outcome] = []
+        #: ended tasks handed back at once, within a turn (see :meth:`_ended`)
+        self.hand_back_at = max(64, limit // 8)
         self.done: Callable[[list[Outcome]], None] = lambda outcomes: None
         self.loop = asyncio.new_event_loop()
         # the task of each Running (by id(): a job retried in the same drain is a new one),
@@ -506,6 +520,10 @@ class EventLoopThread:
         if not self.ended:
             self.loop.call_soon(self._hand_back)
         self.ended.append(outcome)
+        if len(self.ended) >= self.hand_back_at:
+            # a turn that ends hundreds of tasks takes tens of ms: hand back a share of the
+            # slots now, so the claim that refills them goes out while the turn goes on
+            self._hand_back()
         with self.lock:
             if not self.waiting or not self.may_start():
                 self.active -= 1

@@ -447,3 +447,83 @@ def test_a_local_database_on_a_busy_disk_times_one_sync_and_keeps_its_batches() 
     assert jobs.statuses() == {"done": 3000} and d.report.succeeded == 3000
     assert in_flight == [0] and d.clock.linked is False
     assert sizes and max(sizes) == 10
+
+
+def test_a_long_turn_of_the_event_loop_hands_back_its_outcomes_a_share_at_a_time() -> None:
+    """600 tasks ending in one turn of the loop come back in lists of at most an eighth of
+    the limit (the drain loop can send the claim that refills them while the turn goes
+    on), and not one list a job."""
+    from drainer.db import ClaimedRow
+    from drainer.drain.handlers import EventLoopThread, make_running
+    from tests.unit.fake_statements import T0
+
+    registry = Registry()
+
+    @registry.task("a")
+    async def handler(job: Job) -> None:
+        return None  # ends in its first step: all 600 end in the same turn
+
+    task = registry.tasks["a"]
+    rs = [make_running(task, ClaimedRow(i, "a", {}, 1, 5, 0, T0, T0, 1), 60.0, None)
+          for i in range(1, 601)]
+    sizes: list[int] = []
+    done = threading.Event()
+    loop = EventLoopThread(1000, lambda: True)
+    try:
+        def back(outcomes: list[object]) -> None:
+            sizes.append(len(outcomes))
+            if sum(sizes) == len(rs):
+                done.set()
+        hold = threading.Event()  # every task is made before the first step runs
+        loop.loop.call_soon_threadsafe(hold.wait, 5)
+        loop.submit_many([(r, None) for r in rs], back)  # type: ignore[arg-type]
+        hold.set()
+        assert done.wait(5)
+        assert max(sizes) <= 1000 // 8 and len(sizes) <= 600 // (1000 // 8) + 1, sizes
+    finally:
+        loop.shutdown()
+
+
+def test_wait_takes_what_is_queued_once_it_has_enough_not_what_keeps_coming() -> None:
+    """With outcomes arriving as fast as they are taken (1,000 tasks ending a few a turn),
+    wait() returns once it has ``want`` and what was queued then: it used to take until
+    the queue ran empty, holding the drain loop and the refilling claim meanwhile."""
+    import queue as queue_mod
+
+    from drainer.db import ClaimedRow
+    from drainer.drain.handlers import Outcome, make_running
+    from tests.unit.fake_statements import T0
+
+    registry = _registry(lambda job: None)
+    task = registry.tasks["a"]
+
+    class Trickle:
+        """A queue in which one more outcome has arrived each time one is taken."""
+
+        def __init__(self, n: int) -> None:
+            self.left = n
+            self.taken = 0
+
+        def _next(self) -> Outcome:
+            if not self.left:
+                raise queue_mod.Empty
+            self.left -= 1
+            self.taken += 1
+            r = make_running(task, ClaimedRow(self.taken, "a", {}, 1, 5, 0, T0, T0, 1), 60.0,
+                             None)
+            return Outcome(r.job, task, True)
+
+        def get(self, timeout: float | None = None) -> Outcome:
+            return self._next()
+
+        def get_nowait(self) -> Outcome:
+            return self._next()
+
+        def qsize(self) -> int:
+            return 1 if self.left else 0
+
+    h = Handlers(1000, 10, None, lambda: True)
+    trickle = Trickle(10_000)
+    h.done_q = trickle  # type: ignore[assignment]
+    h.wait(0.05, want=250)
+    assert 250 <= trickle.taken <= 251, trickle.taken
