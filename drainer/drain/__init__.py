@@ -258,10 +258,11 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
                     combine=not settings.delete_on_complete, lease=lease,
                     run_in_transaction=runner.run_batch, free_slots=free_slots,
                     room=handlers.free,
-                    # sequential handlers: nothing runs between batches, when a Sync is timed
-                    # (concurrent ones follow the free slots, and from 8 ms the round trip)
+                    # a Sync is timed when no claim is in flight and no handler runs (the
+                    # loop's step checks; concurrent fast handlers go idle when a claim
+                    # takes longer than they do, which is when growing it pays)
                     probe=(lambda: pipeline.sync_round_trip(conn.pgconn))
-                    if db.ClaimPipeline.supported() and settings.concurrency == 1 else None)
+                    if db.ClaimPipeline.supported() else None)
     drain = Drain(report, q, claims, handlers, outcomes, limits,
                   vacuum.BetweenBatches(q, settings.vacuum_every,
                                         _maintenance_timeout(settings, None)),

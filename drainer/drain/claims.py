@@ -473,8 +473,12 @@ class Claims:
     def can_send_ahead(self) -> bool:
         """Whether a combined statement may go out now, ahead of the batch in hand (the
         drain loop also asks whether batches run fast and nothing else is due)."""
+        # while Syncs are to be timed, one claim at a time: the drain then has moments with
+        # none in flight, when a Sync is timed (claims grown to the free handler slots
+        # would otherwise keep one in flight throughout)
         return (self.depth >= 2 and self.last_full and not self.outcomes.failed
-                and len(self.ahead) < self.depth and self.combine
+                and len(self.ahead) < (1 if self.clock.wants_probe() else self.depth)
+                and self.combine
                 and self._may_combine(self.cursor) and self.size() > 0)
 
     def send_ahead(self) -> None:

@@ -1,8 +1,14 @@
-"""A drain across a link 1-8 ms away: the claims grow to the round trip (bench/proxy.py's
-delay proxy stands in for the network); locally the Syncs timed say local."""
+"""A drain across a link 1-8 ms away, sequential or concurrent: the claims grow to the round
+trip (bench/proxy.py's delay proxy stands in for the network); locally the Syncs timed say
+local."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -11,6 +17,7 @@ import pytest
 from psycopg import sql
 
 import drainer.drain as drain_module
+from bench.core import ROOT
 from bench.proxy import DelayProxy
 from drainer import run_once
 from drainer.drain.loop import Drain
@@ -67,6 +74,61 @@ def test_a_local_drain_is_not_taken_for_a_link(migrated: Settings,
     registry.task("l")(lambda job: None)
     _fill(conn, migrated.schema_name)
     report = run_once(migrated, registry=registry)
+    assert report.succeeded == JOBS
+    clock = drains[0].clock
+    assert clock.linked is not True  # no Sync at all, or one that came back at once
+    assert clock.probes <= 3
+
+
+@contextlib.contextmanager
+def _proxy_process(rtt_ms: float, pg_url: str) -> Iterator[tuple[str, list[int]]]:
+    """bench.proxy in a process of its own (in this one, its thread would share the GIL
+    with the drain's and the handlers', which adds milliseconds to the round trips): a URL
+    through it, and a list that gets the statements it carried once it has exited."""
+    parts = urlsplit(pg_url)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.proxy", "--rtt", str(rtt_ms), "--listen", "127.0.0.1:0",
+         "--target", f"{parts.hostname or '127.0.0.1'}:{parts.port or 5432}",
+         "--idle-exit", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    statements: list[int] = []
+    try:
+        assert proc.stderr is not None
+        listen = proc.stderr.readline().split()[1]  # "bench.proxy: HOST:PORT -> ..."
+        user = f"{parts.username}@" if parts.username else ""
+        yield f"postgresql://{user}{listen}{parts.path or '/postgres'}", statements
+        out, _err = proc.communicate(timeout=15)  # exits 0.5 s after the last connection
+        statements.append(json.loads(out.splitlines()[-1])["statements"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_concurrent_claims_grow_across_a_1_ms_link(migrated: Settings, pg_url: str,
+                                                   conn: psycopg.Connection[Any],
+                                                   registry: Registry,
+                                                   drains: list[Drain]) -> None:
+    registry.task("l")(lambda job: None)
+    _fill(conn, migrated.schema_name)
+    with _proxy_process(1, pg_url) as (url, statements):
+        report = run_once(make_settings(url, migrated.schema_name, concurrency=10),
+                          registry=registry)
+    assert report.succeeded == JOBS and report.lost == 0
+    assert drains[0].clock.far()
+    # claims that follow the free slots (10 handlers, 10 jobs queued ahead of them) take
+    # 10-20 jobs and send 2 statements each (the generic-plan setting and the claim): 100
+    # and more
+    assert statements[0] < JOBS / 20, statements
+
+
+def test_a_local_concurrent_drain_is_not_taken_for_a_link(
+        migrated: Settings, conn: psycopg.Connection[Any], registry: Registry,
+        drains: list[Drain]) -> None:
+    registry.task("l")(lambda job: None)
+    _fill(conn, migrated.schema_name)
+    report = run_once(make_settings(migrated.database_url, migrated.schema_name,
+                                    concurrency=10), registry=registry)
     assert report.succeeded == JOBS
     clock = drains[0].clock
     assert clock.linked is not True  # no Sync at all, or one that came back at once
