@@ -6,7 +6,9 @@ OLD_DIR and NEW_DIR each hold a ``drainer`` package (``git archive REV drainer |
 DIR``). Each tree drains JOBS no-op jobs and then an empty queue, directly (RTT 0) and
 through bench/proxy.py at each RTT, interleaved (the order reversed every other round).
 Prints the median jobs/s (or wall), and through the proxy the seconds the server sessions
-were held and the statements they carried.
+were held and the statements they carried. ``DRAINER_CONCURRENCY`` and the other settings
+in the environment reach both trees; ``BENCH_AB_DATABASE`` names the database (default
+``drainer_bench_ab_link``).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def main(argv: list[str]) -> int:
     n = int(argv[2]) if len(argv) > 2 else 20_000
     rounds = int(argv[3]) if len(argv) > 3 else 3
     rtts = [float(x) for x in (argv[4] if len(argv) > 4 else "0,10").split(",")]
-    url = ensure_database(SERVER, "drainer_bench_ab_link")
+    # BENCH_AB_DATABASE: a database of one's own, for two A/Bs at once (their schemas would clash)
+    url = ensure_database(SERVER, os.environ.get("BENCH_AB_DATABASE", "drainer_bench_ab_link"))
     schemas = {k: f"b_ab_link_{k}" for k in trees}
     for k, tree in trees.items():
         prepare_tree(tree, url, schemas[k])
