@@ -286,5 +286,6 @@ def section_link_empty(ctx: Ctx) -> list[str]:
     lines += ["", "held: seconds during which at least one of the run's sessions was open "
               "through the proxy (accept to close), i.e. compute an empty run costs; the "
               "queues' apps are generated, one no-op `@task` per queue; statements: Query + "
-              "Execute messages sent."]
+              "Execute messages sent (one simple Query may carry several statements: "
+              "drainer's empty run sends its two, run_start and finish_run, in one)."]
     return lines

@@ -59,6 +59,12 @@ class BadInput(Exception):
 # -- figures out of the JSON ---------------------------------------------------------------------
 
 
+def _messages(n: float) -> str:
+    """The statement messages a run sent (Query + Execute; one Query may hold several
+    statements: drainer's empty run sends run_start and finish_run in one)."""
+    return f"{n:.0f} statement message{'' if round(n) == 1 else 's'}"
+
+
 def median(xs: Sequence[float] | None) -> float:
     return statistics.median(xs) if xs else math.nan
 
@@ -343,7 +349,7 @@ def chart_link_empty(d: dict[str, Any]) -> Chart | None:
         m = median(r.get("held_s"))
         rtt = float(r.get("rtt_ms") or 0.0)
         st = median(r.get("statements"))
-        text = f"{m:.3f} s" + (f", {st:.0f} statements" if st == st else "")
+        text = f"{m:.3f} s" + (f", {_messages(st)}" if st == st else "")
         groups.setdefault(rtt, Group(f"RTT {rtt:g} ms", [])).bars.append(
             Bar(r["command"], m, text if m == m else "failed"))
     return Chart("Empty queue across a link: how long the server session is held",
@@ -519,7 +525,7 @@ def headline(d: dict[str, Any]) -> list[tuple[str, str]]:
         if str(r["command"]).startswith("drainer") and r.get("rtt_ms") == top:
             rows.append((f"empty queue at {top:g} ms RTT, {r['command'].split(', ')[-1]}",
                          f"session held {median(r.get('held_s')):.3f} s, "
-                         f"{median(r.get('statements')):.0f} statements"))
+                         f"{_messages(median(r.get('statements')))}"))
     io = _dict(d, "io")
     sleep = io.get("sleep_s")
     waiting = f" waiting {sleep * 1000:g} ms" if isinstance(sleep, (int, float)) else ""
