@@ -89,6 +89,9 @@ def run_once(
             # the end of an empty run goes out behind run_start (one round trip for both);
             # not with recurring definitions, whose sync comes between the two
             finish = None if schedules.definitions else _finish_args(settings, registry)
+            max_attempts = [registry.tasks[name].max_attempts for name in queues]
+            start = None if finish is None else db.run_start_text(
+                settings.schema_name, settings.table, queues, latest, max_attempts, finish)
             # what is alive now leaves the collector's generations before the session opens:
             # a full collection while it is open would walk every module of the process
             collector.freeze_startup()
@@ -100,8 +103,7 @@ def run_once(
                 # run's one lookup of them), and the end of the run if nothing is due: one
                 # round trip
                 version, reaped, due, paused, controls, fin = q.run_start_and_finish(
-                    queues, latest, [registry.tasks[name].max_attempts for name in queues],
-                    finish)
+                    queues, latest, max_attempts, finish, text=start)
                 check_version(q, version, latest)
                 logger.debug("drain started", extra={"run_id": report.run_id,
                                                      "queues": queues})

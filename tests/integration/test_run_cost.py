@@ -81,8 +81,9 @@ def test_empty_queue_does_little_while_the_session_is_open(
         migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
         monkeypatch: pytest.MonkeyPatch, queues: int) -> None:
     """The session of an empty run is billed from connect to close: nothing is due, so no
-    drain loop nor heartbeat thread is built, and of the named statements only the two
-    sent are rendered. With a due job the loop is built and drains it, as before."""
+    drain loop nor heartbeat thread is built, and no named statement is rendered while it
+    is open (the one Query sent was built before connecting). With a due job the loop is
+    built and drains it, as before."""
     for i in range(queues):
         registry.task(f"idle{i}")(lambda job: None)
     built: list[object] = []
@@ -108,7 +109,8 @@ def test_empty_queue_does_little_while_the_session_is_open(
     report = run_once(migrated, registry=registry)
     assert report.claimed == 0 and report.next_due_at is None
     assert built == [] and beats == []
-    assert [sorted(r) for r in rendered] == [["finish_run", "run_start"]]
+    # the Query of the two (run_start, finish_run) was built before connecting
+    assert rendered == [{}]
     conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES ('idle0')").format(
         sql.Identifier(migrated.schema_name, "jobs")))
     report = run_once(migrated, registry=registry)
@@ -224,3 +226,25 @@ def test_an_empty_run_with_a_paused_due_queue_counts_only_the_drained_queues(
     assert report.paused == ["a"] and report.queues == ["b"]
     assert report.claimed == 0 and report.remaining_due == 0
     assert _round_trips(traced[0][1]) == 2
+
+
+def test_the_start_query_built_before_connecting_quotes_odd_queue_names(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any]) -> None:
+    """run_start_text quotes with psycopg's sql.Literal, without a connection: queue names
+    with quotes, backslashes and braces are read back exactly (due, claimed, counted)."""
+    names = ["it's", 'say "hi"', "back\\slash", "{brace}", "comma,sep"]
+    ran: list[str] = []
+    for name in names:
+        registry.task(name)(lambda job: ran.append(job.queue))
+    report = run_once(migrated, registry=registry)
+    assert report.claimed == 0 and report.remaining_due == 0 and report.unserved_due == {}
+    for name in names:
+        conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES (%s)").format(_jobs(migrated)),
+                     [name])
+    conn.execute(sql.SQL("INSERT INTO {} (queue, run_at) VALUES (%s, now() + interval '1h')")
+                 .format(_jobs(migrated)), [names[0]])
+    report = run_once(migrated, registry=registry)
+    assert sorted(ran) == sorted(names) and report.succeeded == len(names)
+    report = run_once(migrated, registry=registry)  # empty again: one later job
+    assert report.claimed == 0 and report.remaining_due == 0
+    assert report.next_due_at is not None
