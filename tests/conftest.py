@@ -145,6 +145,22 @@ def run_cli(args: list[str], *, pg_url: str | None, schema: str | None, input: s
     )
 
 
+@pytest.fixture
+def drains(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The drain loops (:class:`drainer.drain.loop.Drain`) run_once builds, in order: none
+    when nothing was due; their clocks say what was measured."""
+    import drainer.drain as drain_module
+
+    built: list[Any] = []
+    real = drain_module._build
+
+    def build(*args: Any, **kw: Any) -> Any:
+        built.append(real(*args, **kw))
+        return built[-1]
+
+    monkeypatch.setattr(drain_module, "_build", build)
+    return built
+
 def in_ci() -> bool:
     """CI=true (as CI services set it): the suite must not skip what CI installs."""
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}

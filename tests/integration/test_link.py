@@ -13,10 +13,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
-import pytest
 from psycopg import sql
 
-import drainer.drain as drain_module
 from bench.core import ROOT
 from bench.proxy import DelayProxy
 from drainer import run_once
@@ -31,20 +29,6 @@ JOBS = 1000
 def _fill(conn: psycopg.Connection[Any], schema: str) -> None:
     conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'l' FROM generate_series(1, %s)")
                  .format(sql.Identifier(schema, "jobs")), [JOBS])
-
-
-@pytest.fixture
-def drains(monkeypatch: pytest.MonkeyPatch) -> list[Drain]:
-    """The drain loops run_once builds (their clocks say what was measured)."""
-    built: list[Drain] = []
-    real = drain_module._build
-
-    def build(*args: Any, **kw: Any) -> Drain:
-        built.append(real(*args, **kw))
-        return built[-1]
-
-    monkeypatch.setattr(drain_module, "_build", build)
-    return built
 
 
 def test_claims_grow_across_a_3_ms_link(pg_url: str, migrated: Settings,
