@@ -21,7 +21,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from bench.core import ROOT, ensure_database, fill, prepare_tree
+from bench.core import ROOT, ab_database, fill, prepare_tree
 
 SERVER = os.environ.get("BENCH_SERVER_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 JOBS = 4000
@@ -40,8 +40,7 @@ def main(argv: list[str]) -> int:
     concurrency = int(argv[2]) if len(argv) > 2 else 1000
     rounds = int(argv[3]) if len(argv) > 3 else 6
     queue = f"io_{argv[4] if len(argv) > 4 else 'async'}"
-    # BENCH_AB_DATABASE: a database of one's own, for two A/Bs at once (their schemas would clash)
-    url = ensure_database(SERVER, os.environ.get("BENCH_AB_DATABASE", "drainer_bench_ab_io"))
+    url = ab_database(SERVER, "drainer_bench_ab_io")
     for k, tree in trees.items():
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from bench.core import ROOT, ensure_database, fill, prepare_tree
+from bench.core import ROOT, ab_database, fill, prepare_tree
 from bench.link import via
 from bench.proxy import DelayProxy
 
@@ -57,8 +57,7 @@ def main(argv: list[str]) -> int:
     n = int(argv[2]) if len(argv) > 2 else 20_000
     rounds = int(argv[3]) if len(argv) > 3 else 3
     rtts = [float(x) for x in (argv[4] if len(argv) > 4 else "0,10").split(",")]
-    # BENCH_AB_DATABASE: a database of one's own, for two A/Bs at once (their schemas would clash)
-    url = ensure_database(SERVER, os.environ.get("BENCH_AB_DATABASE", "drainer_bench_ab_link"))
+    url = ab_database(SERVER, "drainer_bench_ab_link")
     schemas = {k: f"b_ab_link_{k}" for k in trees}
     for k, tree in trees.items():
         prepare_tree(tree, url, schemas[k])

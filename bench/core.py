@@ -39,6 +39,13 @@ def ensure_database(server_url: str, dbname: str) -> str:
     return with_database(server_url, dbname)
 
 
+def ab_database(server_url: str, default: str) -> str:
+    """The A/B tools' database (created when missing), ``$BENCH_AB_DATABASE`` or
+    ``default``: a database of one's own lets two A/Bs run at once (their schemas would
+    clash in the same one)."""
+    return ensure_database(server_url, os.environ.get("BENCH_AB_DATABASE", default))
+
+
 def fresh_schema(url: str, schema: str) -> None:
     """Drop and re-create ``schema`` with a migrated jobs table."""
     with psycopg.connect(url, autocommit=True) as conn:
