@@ -22,6 +22,7 @@ from drainer.claimed import ClaimedRow as ClaimedRow
 from drainer.claimed import _start_now
 from drainer.claimed import claim_order as claim_order
 from drainer.errors import ConfigError, DatabaseUnavailable
+from drainer.pipeline import PLACEHOLDER
 
 # ClaimPipeline and positional lived here: importable from here still
 from drainer.pipeline import ClaimPipeline as ClaimPipeline
@@ -280,11 +281,9 @@ def run_start_text(schema: str, table: str, queues: Sequence[str], latest: int,
             return "%"
         return sql.Literal(params[m.group(1)]).as_string(None)
 
-    return ";\n".join(_PARAM.sub(value, sql.SQL(QUERIES[name]).format(**ids).as_string(None))
+    return ";\n".join(PLACEHOLDER.sub(value, sql.SQL(QUERIES[name]).format(**ids).as_string(None))
                        for name in ("run_start", "finish_run"))
 
-
-_PARAM = re.compile(r"%\((\w+)\)s|%%")
 
 
 def _finish_params(regclass: str, queues: Sequence[str], *, archive_after: float,
@@ -544,12 +543,12 @@ class Queries:
         first statement a second time), its text :func:`run_start_text`'s, ``text`` when
         the caller built it before connecting."""
         limits = list(max_attempts) if max_attempts is not None else [None] * len(queues)
-        params = {"table": self.table, "queues": list(queues), "latest": latest,
-                  "max_attempts": limits}
         fin: dict[str, Any] | None = None
         try:
             if finish is None:
-                rows = self._exec("run_start", params).fetchall()
+                rows = self._exec("run_start", {"table": self.table, "queues": list(queues),
+                                                "latest": latest,
+                                                "max_attempts": limits}).fetchall()
             else:
                 cur = psycopg.ClientCursor(self.conn)
                 cur.execute(text or run_start_text(self.schema, self.table, queues, latest,

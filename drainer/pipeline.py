@@ -20,7 +20,8 @@ from drainer.claimed import ClaimedRow, _start_now, claim_order
 if TYPE_CHECKING:
     from drainer.db import Queries
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+#: a psycopg ``%(name)s`` placeholder, or ``%%`` (a literal %)
+PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 
 
 def positional(query: str) -> tuple[str, list[str]]:
@@ -34,7 +35,7 @@ def positional(query: str) -> tuple[str, list[str]]:
             names.append(m.group(1))
         return f"${names.index(m.group(1)) + 1}"
 
-    return _PLACEHOLDER.sub(number, query), names
+    return PLACEHOLDER.sub(number, query), names
 
 
 def _int_array(values: Sequence[int]) -> bytes:
