@@ -8,11 +8,16 @@ import time
 from drainer import Job, task
 
 RATE = os.environ.get("RATED_LIMIT", "3/0.5s")
+LEASE = 60.0
 
 
-@task("rated", rate_limit=RATE)
+@task("rated", rate_limit=RATE, lease=LEASE)
 def rated(job: Job) -> None:
-    line = f"start {time.time():.6f} {os.getpid()} {job.id}\n"
+    # the claim's instant on the database's clock: its lease ends LEASE after the claim
+    # transaction's now() (job.deadline, no timeout set; a heartbeat extends it only later)
+    assert job.deadline is not None
+    claimed = job.deadline.timestamp() - LEASE
+    line = f"start {time.time():.6f} {os.getpid()} {job.id} {claimed:.6f}\n"
     fd = os.open(os.environ["RATED_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())  # one O_APPEND write a line: lines never interleave

@@ -269,9 +269,12 @@ def test_busiest_window_counts_a_sliding_window() -> None:
 @pytest.mark.slow
 def test_rate_limit_holds_across_four_drainer_processes(
         migrated: Settings, pg_url: str, conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    """3 jobs per 0.5 s, 4 processes x concurrency 8: the handlers' own start log never
-    shows more than 3 starts in any window of 0.5 s less 50 ms (a handler starts a round
-    trip after the instant its claim logged; the window is on the claims' clock)."""
+    """3 jobs per 0.5 s, 4 processes x concurrency 8: the claims, on the database's clock
+    as the guarantee says (each job's claim transaction's now(), read back from its lease),
+    never number more than 3 in any window of 0.5 s less 50 ms (the window's own clock is
+    read after the queue's claim lock, a few ms later). The handlers' start times are not
+    used: on a loaded machine a process may wait 0.1-0.2 s for a CPU between its claim and
+    its handler (seen in CI beside the other test worker)."""
     jobs, count, period, slack = 18, 3, 0.5, 0.05
     enqueue_n(conn, migrated, "rated", jobs)
     log = tmp_path / "handlers.log"
@@ -287,13 +290,13 @@ def test_rate_limit_holds_across_four_drainer_processes(
         assert p.returncode == 0, err
         succeeded += json.loads(out)["succeeded"]
     lines = [line.split() for line in log.read_text().splitlines()]
-    starts = sorted(float(t) for _kind, t, _pid, _job in lines)
-    assert succeeded == jobs == len(starts)
-    assert busiest_window(starts, period - slack) <= count, starts
-    assert busiest_window(starts, period - slack) == count  # the limit was reached
-    # 18 jobs at 3 a window: at least 5 windows between the first and the last start
-    assert starts[-1] - starts[0] >= (jobs // count - 1) * period - slack
-    assert len({pid for _k, _t, pid, _j in lines}) >= 2, "shared between processes"
+    claims = sorted(float(c) for _kind, _t, _pid, _job, c in lines)
+    assert succeeded == jobs == len(claims)
+    assert busiest_window(claims, period - slack) <= count, claims
+    assert busiest_window(claims, period - slack) == count  # the limit was reached
+    # 18 jobs at 3 a window: at least 5 windows between the first and the last claim
+    assert claims[-1] - claims[0] >= (jobs // count - 1) * period - slack
+    assert len({pid for _k, _t, pid, _j, _c in lines}) >= 2, "shared between processes"
     cur = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'done'").format(
         sql.Identifier(migrated.schema_name, migrated.table)))
     assert cur.fetchone() == (jobs,)
