@@ -25,7 +25,7 @@ from drainer import db, otel, pipeline, queue_limits
 from drainer._signals import on_stop_signals
 from drainer.drain import collector, transaction
 from drainer.drain import handlers as handler_calls
-from drainer.drain.claims import Claims
+from drainer.drain.claims import Claims, first_claim_size
 from drainer.drain.handlers import MAX_ERROR_CHARS, Handlers, format_error, make_running
 from drainer.drain.leases import Heartbeat
 from drainer.drain.limits import MAX_RUNTIME, Limits, record
@@ -90,8 +90,12 @@ def run_once(
             # not with recurring definitions, whose sync comes between the two
             finish = None if schedules.definitions else _finish_args(settings, registry)
             max_attempts = [registry.tasks[name].max_attempts for name in queues]
+            # the run's first claim goes behind run_start too (when it may: see _first)
+            first, first_size = _first(settings, registry, queues, set_max_running,
+                                       set_rates, report.run_id, finish)
             start = None if finish is None else db.run_start_text(
-                settings.schema_name, settings.table, queues, latest, max_attempts, finish)
+                settings.schema_name, settings.table, queues, latest, max_attempts, finish,
+                first)
             # what is alive now leaves the collector's generations before the session opens:
             # a full collection while it is open would walk every module of the process
             collector.freeze_startup()
@@ -99,11 +103,19 @@ def run_once(
             connected_at = time.monotonic()
             try:
                 q = db.Queries(conn, settings.schema_name, settings.table)
+                limits = Limits(stop, deadline, settings.max_jobs)
+                if first is not None and limits.stopped_by(0) is not None:
+                    # past the deadline (or stopped) while connecting: nothing is claimed
+                    assert finish is not None
+                    first = None
+                    start = db.run_start_text(settings.schema_name, settings.table, queues,
+                                              latest, max_attempts, finish)
                 # schema check, reap, which queues have due jobs and which are paused (the
                 # run's one lookup of them), and the end of the run if nothing is due: one
                 # round trip
-                version, reaped, due, paused, controls, fin = q.run_start_and_finish(
-                    queues, latest, max_attempts, finish, text=start)
+                version, reaped, due, paused, controls, fin, claimed = \
+                    q.run_start_claim_and_finish(queues, latest, max_attempts, finish,
+                                                 first, text=start)
                 check_version(q, version, latest)
                 logger.debug("drain started", extra={"run_id": report.run_id,
                                                      "queues": queues})
@@ -121,7 +133,6 @@ def run_once(
                     synced = schedules.start(q)
                     if synced.superseded or synced.caught_up:  # catch-up runs, due now
                         due = list(dict.fromkeys([*due, *schedules.queues_synced()]))
-                limits = Limits(stop, deadline, settings.max_jobs)
                 tasks = _limited_tasks(registry, report, set_max_running, set_rates, controls)
                 # the queues drained (paused ones left out) that have due jobs: with none,
                 # the loop would claim nothing, so it is not built (nor its heartbeat thread)
@@ -130,6 +141,10 @@ def run_once(
                     drain = parts["drain"] = _build(settings, registry, conn, q, report,
                                                     limits, hurry, progress, tasks)
                     drain.claims.known_due(due)
+                    if finish is not None:  # the completions may go with the run's end
+                        drain.finish = {**finish, "queues": report.queues}
+                    if claimed:  # claimed with run_start: the loop's first claim
+                        drain.take_first(drain.claims.claimed_first(claimed, first_size))
                     if tracing is not None:
                         # every handler call of the process from now on runs in a job span
                         handler_calls.job_context = otel.JobSpan
@@ -143,6 +158,8 @@ def run_once(
                 schedules.finish(q)
                 served = registry.queues()
                 if not stop.is_set():
+                    if fin is None and "drain" in parts:  # it went with the completions
+                        fin = parts["drain"].fin
                     _maintain(settings, q, report, served, watchdog, fin)
                 else:
                     report.remaining_due, next_due, report.unserved_due = \
@@ -275,6 +292,29 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
     drain.heartbeat = Heartbeat(settings, report.run_id, interval, drain.leases,
                                 handlers.lock)
     return drain
+
+
+def _first(settings: Settings, registry: Registry, queues: list[str],
+           max_running: dict[str, int], rates: dict[str, queue_limits.Rate], run_id: str,
+           finish: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int]:
+    """claim_first's parameters (see :func:`drainer.db.first_claim_params`) and its size,
+    for the run's first claim sent behind run_start; None when it is not sent: no
+    finish_run behind run_start (recurring definitions, archive mode move: the statements
+    in between), --max-jobs 0, or no queue whose claim can go so. A queue claimed in
+    transaction mode, or under a max_running or a rate limit (the task's, the setting's;
+    an operator's is read by the statement) is not claimed so: when it is the first due
+    queue, the statement claims nothing and the loop claims as before."""
+    size = first_claim_size(settings.batch_size, settings.concurrency, settings.max_jobs)
+    if finish is None or size <= 0:
+        return None, 0
+    tasks = [registry.tasks[name] for name in queues]
+    eligible = [not t.transaction and t.max_running is None and t.rate_limit is None
+                and t.queue not in max_running and t.queue not in rates for t in tasks]
+    if not any(eligible):
+        return None, 0
+    leases = [t.lease if t.lease is not None else settings.lease for t in tasks]
+    start_now = 1 if settings.concurrency == 1 else settings.concurrency
+    return db.first_claim_params(queues, eligible, leases, size, start_now, run_id), size
 
 
 def _finish_args(settings: Settings, registry: Registry) -> dict[str, Any] | None:

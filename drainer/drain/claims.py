@@ -73,6 +73,15 @@ def claim_size(batch_size: int, max_jobs: int | None, claimed: int, ahead: int =
     return size if max_jobs is None else min(size, max_jobs - claimed - ahead)
 
 
+def first_claim_size(batch_size: int, concurrency: int, max_jobs: int | None) -> int:
+    """The size of a run's first claim (nothing claimed, nothing measured yet, no handler
+    busy): what :meth:`Claims.size` says then of a queue whose claims may go with
+    completions (a batch, or the free handler slots and the jobs queued ahead of them when
+    more, see :meth:`drainer.drain.handlers.Handlers.room`), within --max-jobs."""
+    room = concurrency + (0 if concurrency == 1 else concurrency)
+    return claim_size(max(batch_size, min(MAX_CLAIM, room)), max_jobs, 0)
+
+
 def next_queue(idx: int, n: int, size: int, got: int) -> int:
     """Stay on a queue while it fills whole batches; move on when it runs dry."""
     return idx if got == size else (idx + 1) % n
@@ -342,6 +351,16 @@ class Claims:
         claims only these (none: the run claims nothing), whatever the number of queues."""
         self.due = {i for i, name in enumerate(self.queues) if name in set(names)}
         self.due_fresh = True
+
+    def claimed_first(self, rows: list[db.ClaimedRow], size: int) -> Batch:
+        """The rows of the run's first claim, which went out with run_start (claim_first,
+        of ``size``): counted as the loop's first in-step claim would have been (the cursor
+        moves on, a short claim leaves its queue dry). Call after :meth:`known_due`."""
+        idx = self.queues.index(rows[0].queue)
+        task = self._task(idx)
+        self.due_fresh = False
+        self._took(idx, size, len(rows))
+        return [(task, r) for r in rows]
 
     def _ask_due(self) -> set[int]:
         names = set(self.q.due_queues(self.queues))

@@ -16,7 +16,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import psycopg
 
 from drainer.drain.claims import Batch, BatchClock, Claims
 from drainer.drain.handlers import Handlers, Running, make_running
@@ -71,6 +73,11 @@ class Drain:
         self.retry_linger = 0.0  # seconds to wait in the tail for a retry due that soon
         self.pending: deque[Running] = deque()  # claimed, not handed to a handler yet
         self.clock: BatchClock = claims.clock
+        #: finish_run's keyword arguments (queues included): the completions of a drain
+        #: whose last claim came back short go with the end of the run (see
+        #: :meth:`_may_finish`); None: the run's end is its own statement (run_once's).
+        self.finish: dict[str, Any] | None = None
+        self.fin: dict[str, Any] | None = None  # finish_run's result, when it went so
 
     def leases(self) -> list[Running]:
         """The jobs whose leases are ours to extend: running, or waiting to start."""
@@ -242,6 +249,9 @@ class Drain:
                                                              self.claims.last_size)) \
                 or self._holding():
             return False
+        if idle and self.phase is Phase.CLAIMING and self._may_finish():
+            self._finish()  # the completions and the end of the run: one round trip
+            return True
         if idle and self.phase is Phase.CLAIMING and self.claims.can_combine() \
                 and not self._vacuum_due() and self._check_limits() is None:
             self._claim(with_successes=True)  # one round trip
@@ -252,6 +262,48 @@ class Drain:
                 and self._vacuum_due():
             self.vacuum.run_once(self.report.finished)
         return False
+
+    def _may_finish(self) -> bool:
+        """Whether the buffered outcomes may go with the end of the run (finish_run, which
+        then runs only if no job of the drained queues is due): the last claim came back
+        short and no other queue is believed due, nothing is in flight or waiting, and
+        the outcomes are successes only, with no follow-ups (a retry, a snooze or a
+        follow-up may be due again within the run: those take the loop's path)."""
+        o = self.outcomes
+        return (self.finish is not None and not self.claims.ahead and not self.pending
+                and not self.claims.last_full and self.claims.due is not None
+                and not self.claims.due and bool(o.ok) and not o.failed and not o.snoozed
+                and not o.followups_due and not any(x.job.followups for x in o.ok)
+                and not self._vacuum_due() and self._check_limits() is None)
+
+    def _finish(self) -> None:
+        """The successes and finish_run (if_drained) in one statement: DONE when it ran
+        (nothing due), else the loop claims on (finish_run goes again at the end)."""
+        assert self.finish is not None
+        buf = self.outcomes.take_successes()
+        try:
+            written, self.fin = self.q.complete_many_and_finish(
+                [x.job.id for x in buf], [x.job.fence for x in buf], self.finish,
+                delete=self.outcomes.delete, **self.outcomes.completion(buf))
+        except psycopg.errors.DeadlockDetected as exc:
+            # it rolled back whole (the archive's deletes met another drainer's): the
+            # successes alone, and finish_run at the end of the run, as before
+            logger.warning("completions with the end of the run deadlocked, writing them "
+                           "alone: %s", exc, extra={"run_id": self.report.run_id})
+            self.finish = None
+            self.outcomes.put_back(buf)
+            self.outcomes.write()
+            self._show_progress()
+            return
+        self.outcomes.written(buf, written)
+        self._show_progress()
+        if self.fin is not None:
+            self.phase = Phase.DONE
+
+    def take_first(self, batch: Batch) -> None:
+        """The jobs of the run's first claim (sent with run_start): waiting to start, their
+        leases the heartbeat's from now on."""
+        self._take(batch)
 
     def stop(self) -> None:
         """Release what did not start, give running handlers the grace period, then leave

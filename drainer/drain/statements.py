@@ -34,6 +34,12 @@ class Statements(Protocol):
         results: Sequence[str | None] | None = None, followups: str | None = None,
     ) -> tuple[set[int], list[ClaimedRow]]: ...
 
+    def complete_many_and_finish(
+        self, ids: Sequence[int], fences: Sequence[int], finish: dict[str, Any], *,
+        delete: bool = False, results: Sequence[str | None] | None = None,
+        followups: str | None = None,
+    ) -> tuple[set[int], dict[str, Any] | None]: ...
+
     def fail_many(
         self, ids: Sequence[int], fences: Sequence[int], errors: Sequence[str],
         max_attempts: Sequence[int | None], retry_base: float, retry_cap: float, *,

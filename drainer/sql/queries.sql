@@ -436,7 +436,8 @@ RETURNING j.id, j.status, j.attempts;
 -- is whether the run has nothing to claim (the version is `latest` and no queue that is not
 -- paused is due), also set as drainer.idle for the rest of this transaction, which
 -- finish_run with if_idle reads: sent behind this statement before its answer (one round
--- trip for both), the end of an empty run is done then, and is a no-op otherwise.
+-- trip for both), the end of an empty run is done then, and is a no-op otherwise. And one
+-- ('first', ...) row: drainer.first_due, set likewise, which claim_first reads.
 WITH v AS (
   SELECT max(version) AS version FROM {migrations} WHERE table_name = %(table)s
 ), reaped AS (
@@ -498,7 +499,60 @@ SELECT 'idle', NULL,
                    AND NOT EXISTS (SELECT 1 FROM due
                                    WHERE due.queue NOT IN (SELECT queue FROM paused)))::text,
                   true),
+       NULL, NULL, 0
+UNION ALL
+-- the first due queue that is not paused, in the given order (none: ''), when the version
+-- is `latest`: drainer.first_due for this transaction, which claim_first (sent behind this
+-- statement) claims from
+SELECT 'first', NULL,
+       set_config('drainer.first_due',
+                  coalesce((SELECT due.queue FROM due
+                            WHERE due.queue NOT IN (SELECT queue FROM paused)
+                              AND (SELECT version FROM v) = %(latest)s
+                            ORDER BY due.n LIMIT 1), ''),
+                  true),
        NULL, NULL, 0;
+
+-- name: claim_first
+-- The run's first claim, sent behind run_start in the same Query (and transaction: it sees
+-- what run_start reaped; one round trip for both, and for finish_run behind it). It claims
+-- from the queue the drain loop's first claim would: the first of the served queues, in
+-- their order, that is not paused and has a due job, as run_start found it
+-- (drainer.first_due, set only when the table is at version `latest`); and only when that
+-- queue may be claimed this way (`eligible`: not transaction mode, no max_running or rate
+-- limit from the task or the settings; no operator limit, read here). Else it claims
+-- nothing and the loop claims as before. The claim itself is claim_batch's (an index scan
+-- on the claim index under LockRows and Limit, the queue an InitPlan's value), leased with
+-- that queue's lease.
+WITH target AS MATERIALIZED (
+  SELECT q.queue, q.lease
+  FROM unnest(%(queues)s::text[], %(eligible)s::bool[], %(leases)s::float8[])
+    AS q(queue, eligible, lease)
+  WHERE q.queue = current_setting('drainer.first_due', true) AND q.eligible
+    AND (SELECT max(version) FROM {migrations} WHERE table_name = %(table)s) = %(latest)s
+    AND NOT EXISTS (SELECT 1 FROM {control} c WHERE c.queue = q.queue
+                      AND (c.max_running IS NOT NULL OR c.rate_count IS NOT NULL))
+  LIMIT 1
+), next AS (
+  SELECT id, suspect FROM {jobs}
+  WHERE queue = (SELECT queue FROM target) AND status = 'queued' AND run_at <= now()
+  ORDER BY priority DESC, run_at, id
+  LIMIT %(batch_size)s
+  FOR UPDATE SKIP LOCKED
+), ranked AS (
+  SELECT id, suspect, row_number() OVER () AS n FROM next
+)
+UPDATE {jobs} j
+SET status       = 'running',
+    attempts     = j.attempts + 1,
+    fence        = j.fence + 1,
+    charged      = j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s)),
+    suspect      = false,
+    run_id       = %(run_id)s,
+    locked_until = now() + make_interval(secs => (SELECT lease FROM target))
+WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
+RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
+          j.locked_until, j.fence, j.trace_context;
 
 -- name: archive_delete
 -- Delete up to batch_size finished jobs of one status older than the cutoff.
@@ -583,8 +637,18 @@ WHERE c.oid = %(regclass)s::regclass;
 -- if_idle: sent right behind run_start (one round trip for both), only when run_start found
 -- nothing to claim (drainer.idle, set in that transaction); else it does nothing and
 -- returns no row (a one-time filter: nothing read, nothing deleted).
+-- if_drained: sent right behind the completions of a drain whose last claim came back
+-- short (one round trip for both): only when no job of the drained queues is due now
+-- (one probe of the claim index a queue); else nothing, and the drain claims on.
 WITH RECURSIVE go AS (
-  SELECT NOT %(if_idle)s OR current_setting('drainer.idle', true) = 'true' AS go
+  SELECT (NOT %(if_idle)s OR current_setting('drainer.idle', true) = 'true')
+     AND (NOT %(if_drained)s OR NOT EXISTS (
+           SELECT 1 FROM unnest(%(queues)s::text[]) AS q(queue)
+           WHERE EXISTS (SELECT 1 FROM {jobs} j
+                         WHERE j.queue = q.queue AND j.status = 'queued'
+                           AND j.run_at <= now()
+                         ORDER BY j.priority DESC, j.run_at, j.id
+                         LIMIT 1))) AS go
 ), done_gone AS (
   DELETE FROM {jobs} j
   USING (SELECT id FROM {jobs}

@@ -240,3 +240,121 @@ def test_the_start_query_built_before_connecting_quotes_odd_queue_names(
     report = run_once(migrated, registry=registry)  # empty again: one later job
     assert report.claimed == 0 and report.remaining_due == 0
     assert report.next_due_at is not None
+
+
+@pytest.mark.parametrize(("queues", "jobs"), [(1, 1), (1, 5), (300, 1), (300, 5)])
+def test_a_wake_with_a_few_jobs_costs_two_round_trips(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]], queues: int, jobs: int) -> None:
+    """The common serverless wake: a handful of jobs (fewer than a batch). run_start goes
+    with the first claim (and finish_run, which does nothing then), and the completions
+    with the end of the run (archive, table health, what is left): two round trips after
+    connecting, at 1 and 300 queues (it was 4: run_start, the claim, the completions with
+    an empty claim, finish_run)."""
+    ran: list[int] = []
+    for i in range(queues):
+        registry.task(f"q{i}")(lambda job: ran.append(job.id))
+    last = f"q{queues - 1}"
+    conn.execute(sql.SQL("INSERT INTO {} (queue, status, finished_at) "
+                         "SELECT %s, 'done', now() - interval '30 days' "
+                         "FROM generate_series(1, 3)").format(_jobs(migrated)), [last])
+    conn.execute(sql.SQL("INSERT INTO {} (queue, priority) SELECT %s, g "
+                         "FROM generate_series(1, %s) g").format(_jobs(migrated)),
+                 [last, jobs])
+    conn.execute(sql.SQL("INSERT INTO {} (queue, run_at) VALUES (%s, now() + interval '1h')")
+                 .format(_jobs(migrated)), [last])
+    report = run_once(migrated, registry=registry)
+    assert report.succeeded == jobs and report.lost == 0 and len(ran) == jobs
+    assert ran == sorted(ran, reverse=True)  # priority order
+    assert report.archived == 3 and report.remaining_due == 0
+    assert report.next_due_at is not None
+    conn_, path = traced[0]
+    assert len(traced) == 1 and conn_.closed  # (the heartbeat connects only if needed)
+    assert _round_trips(path) == 2, [m.split("\t")[1][:60] for m in _sent(path)]
+    left = conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY 1 ORDER BY 1")
+                        .format(_jobs(migrated))).fetchall()
+    assert left == [("done", jobs), ("queued", 1)]
+
+
+def _claimed_by_sql(path: Path) -> list[str]:
+    """The statements sent, by their first words (to say which claim went out)."""
+    return [m.split("\t")[1][:40] for m in _sent(path)]
+
+
+def test_the_first_claim_with_run_start_skips_a_paused_queue(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]]) -> None:
+    from drainer.ops import pause
+
+    ran: list[str] = []
+    registry.task("a")(lambda job: ran.append("a"))
+    registry.task("b")(lambda job: ran.append("b"))
+    conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES ('a'), ('b'), ('b')")
+                 .format(_jobs(migrated)))
+    pause(migrated, ["a"])
+    report = run_once(migrated, registry=registry)
+    assert ran == ["b", "b"] and report.paused == ["a"]
+    # the paused queue's job is not counted as left: run_start's finish_run did nothing,
+    # the one behind the completions counted the drained queue only
+    assert report.remaining_due == 0
+    assert _round_trips(traced[-1][1]) == 2  # (traced[0]: pause's connection)
+
+
+@pytest.mark.parametrize("how", ["task", "operator"])
+def test_a_limited_first_queue_is_claimed_by_the_loop(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        how: str) -> None:
+    """A max_running queue (the task's, or an operator's `drainer limit`, read only by the
+    statement) is not claimed behind run_start: its claim takes the queue's lock."""
+    from drainer.ops import limit
+
+    running: list[int] = []
+    registry.task("a", max_running=1 if how == "task" else None)(
+        lambda job: running.append(conn.execute(sql.SQL(
+            "SELECT count(*) FROM {} WHERE status = 'running'").format(_jobs(migrated)))
+            .fetchone()[0]))  # type: ignore[index]
+    if how == "operator":
+        limit(migrated, ["a"], max_running=1)
+    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'a' FROM generate_series(1, 3)")
+                 .format(_jobs(migrated)))
+    report = run_once(make_settings(migrated.database_url, migrated.schema_name,
+                                    concurrency=4), registry=registry)
+    assert report.succeeded == 3 and running == [1, 1, 1]
+
+
+def test_an_outdated_table_claims_nothing_with_run_start(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any]) -> None:
+    from drainer.errors import SchemaError
+
+    registry.task("a")(lambda job: None)
+    conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES ('a')").format(_jobs(migrated)))
+    conn.execute(sql.SQL("DELETE FROM {} WHERE version = (SELECT max(version) FROM {})")
+                 .format(
+        sql.Identifier(migrated.schema_name, "drainer_migrations"),
+        sql.Identifier(migrated.schema_name, "drainer_migrations")))
+    with pytest.raises(SchemaError, match="run `drainer migrate`"):
+        run_once(migrated, registry=registry)
+    assert conn.execute(sql.SQL("SELECT status, attempts, run_id FROM {}")
+                        .format(_jobs(migrated))).fetchall() == [("queued", 0, None)]
+
+
+def test_a_job_enqueued_while_the_few_run_keeps_the_run_going(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]]) -> None:
+    """finish_run behind the completions runs only when nothing is due: a job enqueued
+    (by another client) while the first ones ran is claimed and run, then the end."""
+    ran: list[int] = []
+
+    def handler(job: Any) -> None:
+        ran.append(job.id)
+        if len(ran) == 1:
+            conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES ('a')").format(
+                _jobs(migrated)))
+
+    registry.task("a")(handler)
+    conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES ('a')").format(_jobs(migrated)))
+    report = run_once(migrated, registry=registry)
+    assert len(ran) == 2 and report.succeeded == 2 and report.remaining_due == 0
+    # run_start + claim; completions + finish_run (nothing done: a job due); claim; the
+    # completions + finish_run again
+    assert _round_trips(traced[0][1]) == 4, _claimed_by_sql(traced[0][1])
