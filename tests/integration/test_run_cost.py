@@ -358,3 +358,48 @@ def test_a_job_enqueued_while_the_few_run_keeps_the_run_going(
     # run_start + claim; completions + finish_run (nothing done: a job due); claim; the
     # completions + finish_run again
     assert _round_trips(traced[0][1]) == 4, _claimed_by_sql(traced[0][1])
+
+
+def test_the_first_claim_takes_what_run_start_reaped(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]]) -> None:
+    """claim_first runs after run_start in the same transaction: a job whose lease expired
+    (reaped back to queued, a suspect) is claimed by it, charged, and run."""
+    registry.task("a")(lambda job: None)
+    conn.execute(sql.SQL("INSERT INTO {} (queue, status, attempts, charged, locked_until, "
+                         "fence) VALUES ('a', 'running', 1, true, now() - interval '1s', 1)")
+                 .format(_jobs(migrated)))
+    report = run_once(migrated, registry=registry)
+    assert report.reaped == 1 and report.succeeded == 1 and report.lost == 0
+    assert conn.execute(sql.SQL("SELECT status, attempts, fence FROM {}")
+                        .format(_jobs(migrated))).fetchall() == [("done", 2, 2)]
+    assert _round_trips(traced[0][1]) == 2
+
+
+def test_the_first_claims_jobs_are_kept_by_the_heartbeat(
+        pg_url: str, migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]]) -> None:
+    """The jobs claimed with run_start are the heartbeat's from the claim on: a job that
+    runs past its lease keeps it (and its outcome is written, fenced)."""
+    import time as _time
+
+    registry.task("slow", lease=1.0)(lambda job: _time.sleep(1.6))
+    conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES ('slow')").format(_jobs(migrated)))
+    report = run_once(migrated, registry=registry)
+    assert report.succeeded == 1 and report.lost == 0
+    assert conn.execute(sql.SQL("SELECT status, attempts FROM {}")
+                        .format(_jobs(migrated))).fetchall() == [("done", 1)]
+
+
+def test_delete_on_complete_goes_with_the_end_of_the_run(
+        pg_url: str, migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]]) -> None:
+    registry.task("a")(lambda job: None)
+    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'a' FROM generate_series(1, 3)")
+                 .format(_jobs(migrated)))
+    settings = make_settings(pg_url, migrated.schema_name, delete_on_complete=True)
+    report = run_once(settings, registry=registry)
+    assert report.succeeded == 3 and report.remaining_due == 0
+    assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_jobs(migrated))
+                        ).fetchone() == (0,)
+    assert _round_trips(traced[0][1]) == 2
