@@ -419,3 +419,27 @@ def test_claims_of_8_ms_or_more_grow_without_a_sync() -> None:
     clock = _timed_clock(0.01)
     assert not clock.wants_probe() and clock.far()
     assert clock.adapted(10, 1024) == 201 == _timed_clock(0.01, probing=False).adapted(10, 1024)
+
+
+@pytest.mark.parametrize(("batch", "concurrency", "max_jobs"), [
+    (10, 1, None), (10, 4, None), (10, 200, None), (50, 8, None), (10, 1000, None),
+    (10, 4, 3), (10, 1, 0),
+])
+def test_the_first_claim_sent_with_run_start_has_the_loops_first_size(
+        batch: int, concurrency: int, max_jobs: int | None) -> None:
+    """first_claim_size (claim_first's size, known before connecting) is what the loop's
+    first claim would ask: Claims.size with fresh handlers, nothing claimed or measured."""
+    from drainer.drain.claims import first_claim_size
+
+    registry = _registry("a")
+    report = RunReport("test", registry.queues())
+    jobs = FakeJobs()
+    outcomes = Outcomes(jobs, report, delete=False, retry_base=1.0, retry_cap=10.0)
+    handlers = Handlers(concurrency, batch, None, may_start=lambda: True)
+    try:
+        claims = Claims(jobs, jobs, outcomes, report, registry.tasks, batch_size=batch,
+                        max_jobs=max_jobs, depth=2, combine=True, lease=lambda task: 60.0,
+                        run_in_transaction=lambda task, size: 0, room=handlers.free)
+        assert first_claim_size(batch, concurrency, max_jobs) == claims.size(0)
+    finally:
+        handlers.shutdown()
