@@ -1,0 +1,79 @@
+"""A/B of two drainer source trees through the delay proxy: a wake that finds a few jobs.
+
+    python -m bench.ab_wake OLD_DIR NEW_DIR [ROUNDS] [RTT_MS] [QUEUES,...] [JOBS,...]
+
+For each number of queues (an app generated with one no-op ``@task`` each) and each number
+of jobs (due, all on the LAST queue; 0: an empty run), each tree runs ``drainer run-once``
+through bench/proxy.py at RTT_MS, interleaved (the order reversed every other round).
+Prints the median (and least) seconds the server sessions were held, connect to close, and
+the statements they carried. ``BENCH_AB_DATABASE`` names the database (default
+``drainer_bench_ab_wake``). Defaults: 10 rounds, 10 ms, 1 and 300 queues, 0, 1 and 5 jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.core import ROOT, ab_database, fill, prepare_tree
+from bench.link import via, write_queue_apps
+from bench.proxy import DelayProxy
+
+SERVER = os.environ.get("BENCH_SERVER_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    trees = {"old": argv[0], "new": argv[1]}
+    rounds = int(argv[2]) if len(argv) > 2 else 10
+    rtt = float(argv[3]) if len(argv) > 3 else 10.0
+    counts = [int(x) for x in (argv[4] if len(argv) > 4 else "1,300").split(",")]
+    jobs = [int(x) for x in (argv[5] if len(argv) > 5 else "0,1,5").split(",")]
+    url = ab_database(SERVER, "drainer_bench_ab_wake")
+    schemas = {k: f"b_ab_wake_{k}" for k in trees}
+    for k, tree in trees.items():
+        prepare_tree(tree, url, schemas[k])
+    apps = Path(tempfile.mkdtemp(prefix="bench-wake-"))
+    names = write_queue_apps(apps, tuple(counts))
+    proxy = DelayProxy(rtt, ("127.0.0.1", 5432))
+    proxy.start()
+    results: dict[tuple[int, int, str], list[tuple[float, int]]] = {}
+    try:
+        for rnd in range(rounds):
+            order = [(k, n, j) for n in counts for j in jobs for k in trees]
+            for k, n, j in order[::-1] if rnd % 2 else order:
+                fill(url, schemas[k], j, [f"q{n - 1:03d}"])
+                proxy.take()
+                env = dict(os.environ,
+                           PYTHONPATH=os.pathsep.join([trees[k], str(apps), str(ROOT)]),
+                           DRAINER_DATABASE_URL=via(url, proxy), DRAINER_SCHEMA=schemas[k],
+                           DRAINER_APP=names[n], DRAINER_LOG_LEVEL="WARNING")
+                p = subprocess.run([sys.executable, "-m", "drainer", "run-once"], env=env,
+                                   cwd="/", capture_output=True, text=True)
+                if p.returncode != 0 or \
+                        json.loads(p.stdout.splitlines()[-1])["succeeded"] != j:
+                    raise SystemExit(f"{trees[k]}: bad run: {p.stderr[-500:]}")
+                proxy.settle()
+                sessions = proxy.take()
+                results.setdefault((n, j, k), []).append(
+                    (sum(s.held for s in sessions), sum(s.statements for s in sessions)))
+    finally:
+        proxy.stop()
+    for (n, j, k), runs in sorted(results.items()):
+        held = [h for h, _s in runs]
+        print(f"{n} queues, {j} jobs, RTT {rtt:g} ms, {k}: held "
+              f"{statistics.median(held) * 1000:.1f} ms (least {min(held) * 1000:.1f}), "
+              f"{statistics.median(s for _h, s in runs):.0f} statements ({len(runs)} runs)",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
