@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -549,12 +549,11 @@ class EventLoopThread:
         # Python 3.11+ and would share one context among tasks)
         # (asyncio.Task itself, as loop.create_task makes it when no task factory is set:
         # one Python call less a job)
-        make = self.loop.create_task if self.loop.get_task_factory() is not None \
-            else self._task
-        self.tasks[id(r)] = self.context.run(make, self._run(r, timeout))
-
-    def _task(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        return asyncio.Task(coro, loop=self.loop)
+        if self.loop.get_task_factory() is None:
+            task = self.context.run(asyncio.Task, self._run(r, timeout), loop=self.loop)
+        else:
+            task = self.context.run(self.loop.create_task, self._run(r, timeout))
+        self.tasks[id(r)] = task
 
     def _hand_back(self) -> None:
         """The outcomes of the tasks that ended in this turn of the loop, as one list."""
