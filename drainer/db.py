@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
 from drainer._loaders import register_safe_loaders
 from drainer._redact import redact
@@ -22,7 +21,7 @@ from drainer.claimed import ClaimedRow as ClaimedRow
 from drainer.claimed import _start_now
 from drainer.claimed import claim_order as claim_order
 from drainer.errors import ConfigError, DatabaseUnavailable
-from drainer.pipeline import PLACEHOLDER
+from drainer.pipeline import PLACEHOLDER, _text_array
 
 # ClaimPipeline and positional lived here: importable from here still
 from drainer.pipeline import ClaimPipeline as ClaimPipeline
@@ -247,16 +246,20 @@ def _counts(value: Any) -> dict[str, int]:
 MAX_SNOOZE_S = 3e11
 
 
-def _results_param(ids: Sequence[int], results: Sequence[str | None] | None
-                   ) -> list[Jsonb | None]:
-    """The results array of a completion: JSON text per job (None: no result)."""
-    if results is None:
-        return [None] * len(ids)
-    return [None if r is None else Jsonb(r, dumps=_as_is) for r in results]
+def _ints_text(values: Sequence[int]) -> str:
+    """An int array parameter of a completion in PostgreSQL's text form (the statement casts
+    it): a join, where psycopg's list dumper calls a dumper for every element (a completion
+    of 1,000 jobs sends two of these and a results array)."""
+    return "{" + ",".join(map(str, map(int, values))) + "}"
 
 
-def _as_is(text: Any) -> str:
-    return str(text)
+def _results_text(results: Sequence[str | None] | None) -> str:
+    """The results array of a completion in text form; empty when every result is None
+    (unnest pads the shorter arrays with NULLs: the common case of handlers that return
+    nothing sends two bytes, not a NULL a job)."""
+    if results is None or all(r is None for r in results):
+        return "{}"
+    return _text_array(results).decode()
 
 
 #: claim_batch_rated counts the due jobs a rate limit left queued up to this many.
@@ -390,8 +393,8 @@ class Queries:
         if not ids:
             return set()
         name = "delete_completed_many" if delete else "complete_many"
-        cur = self._exec(name, {"ids": list(ids), "fences": list(fences),
-                                "results": _results_param(ids, results),
+        cur = self._exec(name, {"ids": _ints_text(ids), "fences": _ints_text(fences),
+                                "results": _results_text(results),
                                 "followups": followups or "[]"})
         return {r[0] for r in cur.fetchall()}
 
@@ -402,8 +405,8 @@ class Queries:
     ) -> tuple[set[int], list[ClaimedRow]]:
         """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
         cur = self._exec("complete_many_and_claim", {
-            "ids": list(ids), "fences": list(fences),
-            "results": _results_param(ids, results), "running": "running",
+            "ids": _ints_text(ids), "fences": _ints_text(fences),
+            "results": _results_text(results), "running": "running",
             "queue": queue, "batch_size": batch_size, "lease": lease,
             "start_now": _start_now(start_now, batch_size), "run_id": run_id,
             "followups": followups or "[]",

@@ -105,10 +105,11 @@ class BatchClock:
         self.linked: bool | None = None  # what the Syncs said: a link, local; None: not yet
         self.probes = 0  # Syncs timed
 
-    def start(self, now: float) -> None:
+    def start(self, now: float, jobs: int = 1) -> None:
+        """``jobs`` handed over at ``now``."""
         if self.started is None:
             self.started = now
-        self.count += 1
+        self.count += jobs
 
     def finish(self, now: float) -> None:
         if self.started is not None:

@@ -40,7 +40,7 @@ MAX_ERROR_CHARS = 4000
 DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     """What running one job came to. ``ok``: it succeeded; else ``error`` says why.
 
@@ -495,16 +495,29 @@ class EventLoopThread:
         task, job = r.task, r.job
         started = time.monotonic()
         try:
-            with job_context(task, job) as span:
+            if job_context is _no_context and timeout is None:
+                # the common case without a context manager around it (no tracing, no
+                # timeout): the same outcomes as below, less interpreter work a job, on the
+                # thread every handler shares
                 try:
-                    coro = task.func(job)
-                    value = await (coro if timeout is None else asyncio.wait_for(coro, timeout))
+                    value = await task.func(job)
                 except BaseException as exc:  # a handler may raise anything
                     outcome = raised(task, job, exc, timeout)
                 else:
-                    outcome = returned(task, job, value, self.result_max_bytes)
-                if span is not None:
-                    span.ended(outcome.ok, outcome.error)
+                    outcome = Outcome(job, task, True) if value is None else \
+                        returned(task, job, value, self.result_max_bytes)
+            else:
+                with job_context(task, job) as span:
+                    try:
+                        coro = task.func(job)
+                        value = await (coro if timeout is None
+                                       else asyncio.wait_for(coro, timeout))
+                    except BaseException as exc:  # a handler may raise anything
+                        outcome = raised(task, job, exc, timeout)
+                    else:
+                        outcome = returned(task, job, value, self.result_max_bytes)
+                    if span is not None:
+                        span.ended(outcome.ok, outcome.error)
         except BaseException as exc:  # a lost outcome would leave the drain waiting forever
             outcome = Outcome(job, task, False, f"{type(exc).__name__} while running the "
                               "handler")
@@ -534,7 +547,13 @@ class EventLoopThread:
     def _create(self, r: Running, timeout: float | None) -> None:
         # Context.run: the task copies the hand-over's context (create_task(context=) is
         # Python 3.11+ and would share one context among tasks)
-        self.tasks[id(r)] = self.context.run(self.loop.create_task, self._run(r, timeout))
+        # (asyncio.Task itself, as loop.create_task makes it when no task factory is set:
+        # one Python call less a job)
+        if self.loop.get_task_factory() is None:
+            task = self.context.run(asyncio.Task, self._run(r, timeout), loop=self.loop)
+        else:
+            task = self.context.run(self.loop.create_task, self._run(r, timeout))
+        self.tasks[id(r)] = task
 
     def _hand_back(self) -> None:
         """The outcomes of the tasks that ended in this turn of the loop, as one list."""

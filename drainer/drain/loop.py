@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from drainer._loaders import UndecodablePayload
 from drainer.drain.claims import Batch, BatchClock, Claims
 from drainer.drain.handlers import Handlers, Running, make_running
 from drainer.drain.leases import HEARTBEAT_FRACTION, Heartbeat
@@ -206,12 +207,11 @@ class Drain:
         """Start what may start; once the batch is (nearly) handed over, claim the next ahead."""
         starting: list[Running] = []
         busy = self.handlers.in_flight()
-        while self.pending and busy + len(starting) < self.handlers.slots(self.pending[0]):
-            starting.append(self.pending.popleft())
+        pending, slots = self.pending, self.handlers.slots
+        while pending and busy + len(starting) < slots(pending[0]):
+            starting.append(pending.popleft())
         if starting:
-            now = time.monotonic()
-            for _ in starting:
-                self.clock.start(now)
+            self.clock.start(time.monotonic(), len(starting))
             self.handlers.start_many(starting)
         # as many as the claims' window allows (see Claims.size: one, or more when the
         # round trip is long for the handlers' speed), once what waits to start runs out
@@ -349,14 +349,16 @@ class Drain:
             self.phase = Phase.DRAINED
 
     def _take(self, batch: Batch) -> None:
+        extend, pending = self._extend_one, self.pending
         for task, row in batch:
             r = make_running(task, row, self.lease(task), self.handlers.timeout(task))
-            poison = undecodable(r)
-            if poison is not None:
-                self.outcomes.add(poison)  # failed at once; the rest of the batch runs
-                continue
-            r.job._extend = self._extend_one
-            self.pending.append(r)
+            if isinstance(row.payload, UndecodablePayload):
+                poison = undecodable(r)
+                if poison is not None:
+                    self.outcomes.add(poison)  # failed at once; the rest of the batch runs
+                    continue
+            r.job._extend = extend
+            pending.append(r)
 
     def _extend_one(self, job: Job, seconds: float | None) -> bool:
         if self.heartbeat is None:
