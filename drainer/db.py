@@ -661,8 +661,8 @@ class Queries:
         Query (one round trip, one transaction): the end of the run when no job of the
         drained queues is due once the completions are in; else it does nothing (None)."""
         name = "delete_completed_many" if delete else "complete_many"
-        params = {"ids": list(ids), "fences": list(fences),
-                  "results": _results_param(ids, results), "followups": followups or "[]",
+        params = {"ids": _ints_text(ids), "fences": _ints_text(fences),
+                  "results": _results_text(results), "followups": followups or "[]",
                   **_finish_params(self.regclass, if_drained=True, **finish)}
         cur = psycopg.ClientCursor(self.conn)
         cur.execute(self._sql[name] + ";\n" + self._sql["finish_run"], params)

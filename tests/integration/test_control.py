@@ -194,6 +194,21 @@ def test_results_are_kept_shown_and_archived(migrated: Settings, registry: Regis
     assert cur.fetchone() == ({"sum": 6, "name": "ü"},)
 
 
+def test_odd_results_written_with_the_end_of_the_run(migrated: Settings, registry: Registry,
+                                                    conn: psycopg.Connection[Any]) -> None:
+    # a short run's last completions go with finish_run as array text through a client-side
+    # cursor: quotes, backslashes, braces, commas and a None beside a result survive it
+    odd = {"q": 'a"b\\c{,}\'', "nested": ["}", "{", None], "empty": ""}
+
+    @registry.task("odd")
+    def handler(job: Job) -> Any:
+        return odd if job.payload["n"] else None
+
+    ids = [enqueue(conn, "odd", {"n": n}, schema=migrated.schema_name) for n in (1, 0, 1)]
+    assert run_once(migrated, registry=registry).succeeded == 3
+    assert [row(conn, migrated, i)["result"] for i in ids] == [odd, None, odd]
+
+
 @pytest.mark.parametrize("pipeline_depth", [1, 2])
 def test_results_in_combined_and_pipelined_claims(migrated: Settings, registry: Registry,
                                                   conn: psycopg.Connection[Any],
