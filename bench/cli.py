@@ -74,17 +74,26 @@ SECTIONS = ["drain", "multi", "cold", "enqueue", "history", "batch", "long", "li
 # -- the race -------------------------------------------------------------------------------------
 
 
-def race(contenders: list[Contender], n: int, repeat: int) -> dict[str, Series]:
+def race(contenders: list[Contender], n: int, repeat: int,
+         peers: list[Contender] | None = None) -> dict[str, Series]:
     """Drain ``n`` jobs with each contender, ``repeat`` rounds, interleaved; jobs/s series.
-    Before each run the server is settled (bench.core.settle), then the contender's queue
-    filled."""
-    for c in contenders:
+    Each round runs ``contenders`` in an order rotating by one each round, then ``peers``
+    (the slow ones, minutes a run) likewise: a contender and the ceiling it is compared with
+    run seconds apart in every round, not on either side of the peers' minutes (over which
+    the load of the machine moves). Before each run the server is settled
+    (bench.core.settle), then the contender's queue filled."""
+    peers = peers or []
+    for c in contenders + peers:
         c.setup()
-    out = {c.name: Series(c.name) for c in contenders}
-    databases = [c.url for c in contenders]
+    out = {c.name: Series(c.name) for c in contenders + peers}
+    databases = [c.url for c in contenders + peers]
+
+    def rotated(group: list[Contender], rnd: int) -> list[Contender]:
+        k = rnd % len(group) if group else 0
+        return group[k:] + group[:k]
+
     for rnd in range(repeat):
-        k = rnd % len(contenders)
-        for c in contenders[k:] + contenders[:k]:
+        for c in rotated(contenders, rnd) + rotated(peers, rnd):
             settle(c.url, databases)
             c.reset(n)
             timed = c.run(n)
@@ -127,17 +136,18 @@ def section_drain(ctx: Ctx) -> list[str]:
                 flags=ctx.best),
         PlainLoop("plain psycopg loop (claim 10, complete in 1 statement)", db, "b_plain"),
     ]
+    peers: list[Contender] = []
     if ctx.peers:
         proc_db = ctx.peer_db("procrastinate")
         pgq_db = ctx.peer_db("pgqueuer")
-        contenders += [
+        peers = [
             Procrastinate("procrastinate worker --one-shot (c=1)", proc_db, "public",
                           concurrency=1),
             Procrastinate("procrastinate worker --one-shot (c=10)", proc_db, "public",
                           concurrency=10),
             Pgqueuer("pgqueuer drain mode (asyncpg, batch 10)", pgq_db, "public"),
         ]
-    series = race(contenders, ctx.n, ctx.repeat)
+    series = race(contenders, ctx.n, ctx.repeat, peers)
     ctx.results["drain"] = {k: v.values for k, v in series.items()}
     lines = [f"### Drain until empty: {ctx.n:,} no-op jobs, wall time from process start to "
              "exit", ""]
