@@ -206,7 +206,7 @@ def _sessions_left(server: str, dbname: str) -> int:
 
 
 def section_cold(ctx: Ctx) -> list[str]:
-    db_name = "drainer_bench_cold"
+    db_name = f"{ctx.database}_cold"  # as the peers' databases: two --database never share
     db = ensure_database(ctx.server, db_name)
     fresh_schema(db, "b_cold")
     fill(db, "b_cold", 0)
