@@ -19,6 +19,7 @@ each figure is the median of the repetitions with the min and max beside it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -46,6 +47,7 @@ from bench.contenders import (
 )
 from bench.core import (
     ROOT,
+    SETTLED,
     VENV_BIN,
     Series,
     count_status,
@@ -56,6 +58,7 @@ from bench.core import (
     jobs_table,
     log,
     run_timed,
+    settle,
     write_bytecode,
 )
 from bench.io_bound import DEFAULT_PLAN, parse_plan, section_io
@@ -71,14 +74,27 @@ SECTIONS = ["drain", "multi", "cold", "enqueue", "history", "batch", "long", "li
 # -- the race -------------------------------------------------------------------------------------
 
 
-def race(contenders: list[Contender], n: int, repeat: int) -> dict[str, Series]:
-    """Drain ``n`` jobs with each contender, ``repeat`` rounds, interleaved; jobs/s series."""
-    for c in contenders:
+def race(contenders: list[Contender], n: int, repeat: int,
+         peers: list[Contender] | None = None) -> dict[str, Series]:
+    """Drain ``n`` jobs with each contender, ``repeat`` rounds, interleaved; jobs/s series.
+    Each round runs ``contenders`` in an order rotating by one each round, then ``peers``
+    (the slow ones, minutes a run) likewise: a contender and the ceiling it is compared with
+    run seconds apart in every round, not on either side of the peers' minutes (over which
+    the load of the machine moves). Before each run the server is settled
+    (bench.core.settle), then the contender's queue filled."""
+    peers = peers or []
+    for c in contenders + peers:
         c.setup()
-    out = {c.name: Series(c.name) for c in contenders}
+    out = {c.name: Series(c.name) for c in contenders + peers}
+    databases = [c.url for c in contenders + peers]
+
+    def rotated(group: list[Contender], rnd: int) -> list[Contender]:
+        k = rnd % len(group) if group else 0
+        return group[k:] + group[:k]
+
     for rnd in range(repeat):
-        k = rnd % len(contenders)
-        for c in contenders[k:] + contenders[:k]:
+        for c in rotated(contenders, rnd) + rotated(peers, rnd):
+            settle(c.url, databases)
             c.reset(n)
             timed = c.run(n)
             problem = c.check(n, timed)
@@ -120,17 +136,18 @@ def section_drain(ctx: Ctx) -> list[str]:
                 flags=ctx.best),
         PlainLoop("plain psycopg loop (claim 10, complete in 1 statement)", db, "b_plain"),
     ]
+    peers: list[Contender] = []
     if ctx.peers:
         proc_db = ctx.peer_db("procrastinate")
         pgq_db = ctx.peer_db("pgqueuer")
-        contenders += [
+        peers = [
             Procrastinate("procrastinate worker --one-shot (c=1)", proc_db, "public",
                           concurrency=1),
             Procrastinate("procrastinate worker --one-shot (c=10)", proc_db, "public",
                           concurrency=10),
             Pgqueuer("pgqueuer drain mode (asyncpg, batch 10)", pgq_db, "public"),
         ]
-    series = race(contenders, ctx.n, ctx.repeat)
+    series = race(contenders, ctx.n, ctx.repeat, peers)
     ctx.results["drain"] = {k: v.values for k, v in series.items()}
     lines = [f"### Drain until empty: {ctx.n:,} no-op jobs, wall time from process start to "
              "exit", ""]
@@ -189,7 +206,7 @@ def _sessions_left(server: str, dbname: str) -> int:
 
 
 def section_cold(ctx: Ctx) -> list[str]:
-    db_name = "drainer_bench_cold"
+    db_name = f"{ctx.database}_cold"  # as the peers' databases: two --database never share
     db = ensure_database(ctx.server, db_name)
     fresh_schema(db, "b_cold")
     fill(db, "b_cold", 0)
@@ -229,6 +246,7 @@ def section_cold(ctx: Ctx) -> list[str]:
     for rnd in range(reps):
         k = rnd % len(runs)
         for name, cmd, env, dbname in runs[k:] + runs[:k]:
+            settle(ctx.server, [r[3] for r in runs])
             x0, s0 = _db_counters(ctx.server, dbname)
             timed = run_timed(cmd, env)
             if timed.returncode != 0:
@@ -294,11 +312,13 @@ def section_enqueue(ctx: Ctx) -> list[str]:
     runs: list[tuple[str, Callable[[psycopg.Connection[Any]], None]]] = [
         ("enqueue_many", many), ("enqueue_many (generator)", many_gen),
         ("enqueue_many (payloads, queue=)", many_payloads), ("one raw COPY", raw)]
-    for rnd in range(ctx.repeat):
+    for rnd in range(ctx.enqueue_repeat):
         k = rnd % len(runs)
         for name, fn in runs[k:] + runs[:k]:
             with psycopg.connect(db, autocommit=True) as conn:
                 conn.execute(sql.SQL("TRUNCATE {}").format(table))
+                settle(db, [db])
+                gc.collect()  # each starts on the harness's heap as collected, not as left
                 started = time.perf_counter()
                 fn(conn)
                 walls[name].append(time.perf_counter() - started)
@@ -307,8 +327,13 @@ def section_enqueue(ctx: Ctx) -> list[str]:
                 log(f"enqueue {name}: {got} rows, expected {n}")
     series = {k: Series(k, [n / w for w in v]) for k, v in walls.items()}
     ctx.results["enqueue"] = {k: v.values for k, v in series.items()}
+    raw_copy = series["one raw COPY"]
+    paired = "; ".join(f"{k} {paired_ratio(v, raw_copy):.2f}x" for k, v in series.items()
+                       if v is not raw_copy)
     return [f"### Enqueue {n:,} jobs in one transaction (from Python objects to commit)", "",
             *rate_table(series, "one raw COPY", "raw COPY"), "",
+            f"same-round ratio to one raw COPY (median over {ctx.enqueue_repeat} rounds): "
+            f"{paired}.", "",
             "enqueue_many: a list of JobSpec, built before the call; (generator): the same "
             "JobSpecs from a generator expression, read while the COPY runs (autocommit "
             "connection); (payloads, queue=): the payloads themselves on one queue, no "
@@ -450,6 +475,7 @@ def section_long(ctx: Ctx) -> list[str]:
     for n in (ctx.n, ctx.long_n):
         rss, rates, head, tail = [], [], [], []
         for _ in range(ctx.long_repeat):
+            settle(db, [db])
             c.reset(n)
             timed = c.run(n)
             problem = c.check(n, timed)
@@ -514,6 +540,8 @@ class Ctx:
         self.long_n: int = args.long_jobs
         self.long_repeat: int = args.long_repeat
         self.cold_repeat: int = 1 if args.smoke else max(args.repeat, 5)
+        #: enqueue runs take a second or less each, so more rounds than the drains
+        self.enqueue_repeat: int = 1 if args.smoke else max(args.repeat, 7)
         self.rtts: list[float] = args.rtt
         self.io_n: int = args.io_jobs
         self.io_sleep: float = args.io_sleep
@@ -623,7 +651,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in sections:
         log(f"section {name}")
+        since = len(SETTLED.settles)
         lines = fns[name](ctx)
+        if SETTLED.note(since):
+            lines += ["", SETTLED.note(since)]
         tables[name] = "\n".join(lines)
         out += lines
         out.append("")

@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,81 @@ def ab_database(server_url: str, default: str) -> str:
     ``default``: a database of one's own lets two A/Bs run at once (their schemas would
     clash in the same one)."""
     return ensure_database(server_url, os.environ.get("BENCH_AB_DATABASE", default))
+
+
+#: the longest settle() waits for autovacuum workers on the bench's databases to end
+AUTOVACUUM_WAIT_S = 10.0
+
+
+@dataclass
+class SettleLog:
+    """What settle() did over this invocation, for the method text under each table."""
+
+    #: per settle: seconds it took, whether it waited for autovacuum, whether it gave up
+    settles: list[tuple[float, bool, bool]] = field(default_factory=list)
+    #: why the server refused CHECKPOINT (not a superuser nor pg_checkpoint), if it did
+    checkpoint_refused: str | None = None
+
+    def note(self, since: int = 0) -> str:
+        """One sentence: what was done before each timed run from settle number ``since``
+        on, and what it cost."""
+        done = self.settles[since:]
+        if not done:
+            return ""
+        wait = ("waited until no autovacuum worker ran on the bench's databases (at most "
+                f"{AUTOVACUUM_WAIT_S:g} s)")
+        what = (f"{wait}, then CHECKPOINT" if self.checkpoint_refused is None
+                else f"{wait}; no CHECKPOINT ({self.checkpoint_refused})")
+        waited = sum(1 for _s, w, _t in done if w)
+        gave_up = sum(1 for _s, _w, t in done if t)
+        waits = "no autovacuum worker met" if not waited else \
+            f"waited for autovacuum {waited} times" + (f" ({gave_up} gave up)" if gave_up else "")
+        secs = [s for s, _w, _t in done]
+        return (f"Settled before each timed run, every contender alike: {what}, so that no "
+                "run pays for the dirty buffers, the spread checkpoint or the vacuum that an "
+                f"earlier run left behind ({len(secs)} settles, median "
+                f"{statistics.median(secs) * 1000:.0f} ms, max {max(secs) * 1000:.0f} ms; "
+                f"{waits}).")
+
+
+SETTLED = SettleLog()
+
+
+def settle(url: str, databases: Iterable[str] = ()) -> float:
+    """Bring the server to one quiet state before a timed run, whoever ran before: wait
+    (bounded) until no autovacuum worker runs on ``databases`` (names, or URLs on the server),
+    then CHECKPOINT: the buffers the previous contender dirtied are written and synced, and
+    the spread checkpoint its WAL may have started (by max_wal_size or checkpoint_timeout) is
+    finished, with the next one a full checkpoint_timeout or max_wal_size away. Otherwise
+    the run after a write-heavy contender (procrastinate, thousands of commits) competes
+    with that checkpoint's writes and, for every page it touches first after its start,
+    writes a full page image to the WAL. ``url``: any database on the server. Returns the
+    seconds it took (also kept in SETTLED)."""
+    started = time.perf_counter()
+    names = sorted({urlsplit(d).path.lstrip("/") if "://" in d else d for d in databases})
+    waited = gave_up = False
+    with psycopg.connect(url, autocommit=True) as conn:
+        while names:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                               "'autovacuum worker' AND datname = ANY(%s)", [names]).fetchone()
+            if not row or not row[0]:
+                break
+            waited = True
+            if time.perf_counter() - started > AUTOVACUUM_WAIT_S:
+                gave_up = True
+                log(f"settle: autovacuum still running on {', '.join(names)} after "
+                    f"{AUTOVACUUM_WAIT_S:g} s; going on")
+                break
+            time.sleep(0.05)
+        if SETTLED.checkpoint_refused is None:
+            try:
+                conn.execute("CHECKPOINT")
+            except psycopg.errors.InsufficientPrivilege as exc:
+                SETTLED.checkpoint_refused = str(exc).strip().splitlines()[0]
+                log(f"settle: no CHECKPOINT: {SETTLED.checkpoint_refused}")
+    took = time.perf_counter() - started
+    SETTLED.settles.append((took, waited, gave_up))
+    return took
 
 
 def fresh_schema(url: str, schema: str) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.contenders import PEERS_BIN, Contender, Drainer, Pgqueuer, Procrastinate, _sql
-from bench.core import ROOT, VENV_BIN, Timed, ensure_database, fmt_rate, log, run_timed
+from bench.core import ROOT, VENV_BIN, Timed, fmt_rate, log, run_timed, settle
 
 if TYPE_CHECKING:
     from bench.cli import Ctx
@@ -152,8 +152,8 @@ def section_io(ctx: Ctx) -> list[str]:
     contenders: list[tuple[str, int, Contender]] = []
     proc_db = pgq_db = ""
     if ctx.peers:
-        proc_db = ensure_database(ctx.server, "drainer_bench_procrastinate")
-        pgq_db = ensure_database(ctx.server, "drainer_bench_pgqueuer")
+        proc_db = ctx.peer_db("procrastinate")
+        pgq_db = ctx.peer_db("pgqueuer")
     for i, (kind, c) in enumerate(ctx.io_plan):
         contenders.append((kind, c, IoBare(
             "no queue: the handlers alone" + (", a task a call on one event loop"
@@ -175,6 +175,7 @@ def section_io(ctx: Ctx) -> list[str]:
         if (con.url, con.schema) not in done_setup:
             con.setup()
             done_setup.add((con.url, con.schema))
+    databases = [con.url for _k, _c, con in contenders]
     rates: list[list[float]] = [[] for _ in contenders]
     walls: list[list[float]] = [[] for _ in contenders]
     notes: list[list[str]] = [[] for _ in contenders]
@@ -183,6 +184,7 @@ def section_io(ctx: Ctx) -> list[str]:
         order = list(range(len(contenders)))
         for i in order[k:] + order[:k]:
             kind, c, con = contenders[i]
+            settle(con.url, databases)
             con.reset(n)
             timed = con.run(n)
             problem = con.check(n, timed)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from bench.contenders import PEERS_BIN, Contender, Drainer, Pgqueuer, Procrastinate
-from bench.core import ROOT, VENV_BIN, fill, fmt_rate, fresh_schema, log, run_timed
+from bench.core import ROOT, VENV_BIN, fill, fmt_rate, fresh_schema, log, run_timed, settle
 from bench.proxy import DelayProxy, Session, compute_seconds, held_seconds
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ def link_race(entries: list[tuple[Contender, float | None]], proxies: dict[float
             c.setup()
             done_setup.add((c.url, c.schema))
     out = [Runs(c.name, rtt) for c, rtt in entries]
+    databases = [c.url for c, _ in entries]
     for rnd in range(repeat):
         k = rnd % len(entries)
         order = list(range(len(entries)))
@@ -88,6 +89,7 @@ def link_race(entries: list[tuple[Contender, float | None]], proxies: dict[float
             c, rtt = entries[i]
             n = (sizes or {}).get(c.name, total)
             proxy = None if rtt is None else proxies[rtt]
+            settle(c.url, databases)
             c.reset(n)
             if proxy is not None:
                 proxy.take()
@@ -248,10 +250,12 @@ def section_link_empty(ctx: Ctx) -> list[str]:
         stmts: dict[tuple[str, float], list[int]] = {k: [] for k in keys}
         conns: dict[tuple[str, float], list[int]] = {k: [] for k in keys}
         walls: dict[tuple[str, float], list[float]] = {k: [] for k in keys}
+        databases = [db, *(c.url for _label, c in peers)]
         for rnd in range(ctx.cold_repeat):
             k0 = rnd % len(plan)
             for label, r, cmd, env in plan[k0:] + plan[:k0]:
                 proxy = proxies[r]
+                settle(db, databases)  # direct, not through the proxy: counts no session
                 proxy.take()
                 timed = run_timed(cmd, env)
                 proxy.settle()

@@ -26,8 +26,9 @@ def bench_db(pg_url: str) -> Iterator[str]:
     name = f"drainer_bench_smoke_{uuid.uuid4().hex[:8]}"
     yield name
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(name)))
+        for db in (name, f"{name}_cold"):  # the cold section's database is named after it
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(db)))
 
 
 def test_bench_smoke_prints_the_tables(pg_url: str, bench_db: str, tmp_path: Path) -> None:
