@@ -403,3 +403,33 @@ def test_delete_on_complete_goes_with_the_end_of_the_run(
     assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_jobs(migrated))
                         ).fetchone() == (0,)
     assert _round_trips(traced[0][1]) == 2
+
+
+def test_a_deadlock_at_the_end_of_a_few_run_writes_the_successes_alone(
+        pg_url: str, migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]], caplog: pytest.LogCaptureFixture) -> None:
+    """The completions and finish_run in one statement roll back together when the
+    archive's delete deadlocks (another drainer archiving): the successes are written
+    alone, and the run's end archives afterwards. The deadlock is the server's own error
+    (SQLSTATE 40P01), raised once by a trigger on the archive's first delete."""
+    registry.task("a")(lambda job: None)
+    jobs, schema = _jobs(migrated), sql.Identifier(migrated.schema_name)
+    conn.execute(sql.SQL("INSERT INTO {} (queue, status, finished_at) "
+                         "VALUES ('a', 'done', now() - interval '30 days')").format(jobs))
+    conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES ('a')").format(jobs))
+    conn.execute(sql.SQL("CREATE SEQUENCE {}.once").format(schema))
+    conn.execute(sql.SQL(
+        "CREATE FUNCTION {}.deadlock_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF nextval({}) = 1 THEN RAISE EXCEPTION 'deadlock detected (test)' "
+        "USING ERRCODE = '40P01'; END IF; RETURN OLD; END $$").format(
+            schema, sql.Literal(f"{migrated.schema_name}.once")))
+    conn.execute(sql.SQL("CREATE TRIGGER deadlock_once BEFORE DELETE ON {} FOR EACH ROW "
+                         "EXECUTE FUNCTION {}.deadlock_once()").format(jobs, schema))
+    with caplog.at_level("WARNING", logger="drainer"):
+        report = run_once(migrated, registry=registry)
+    assert "deadlocked, writing them alone" in caplog.text
+    assert report.succeeded == 1 and report.lost == 0 and report.archived == 1
+    assert conn.execute(sql.SQL("SELECT status FROM {}").format(jobs)).fetchall() == [("done",)]
+    # run_start + claim; completions + finish_run (rolled back); the completions alone; a
+    # claim that finds nothing (the loop's own end); finish_run
+    assert _round_trips(traced[0][1]) == 5
