@@ -59,7 +59,13 @@ def test_max_running_holds_across_four_drainer_processes(
                  schema=migrated.schema_name)
     log = tmp_path / "handlers.log"
     env = cli_env(pg_url, migrated.schema_name, CAPPED_LOG=str(log), DRAINER_APP="capped_jobs")
-    env.update(DRAINER_CONCURRENCY="8", DRAINER_BATCH_SIZE="8")
+    # 2 handlers a process: together the four could run 8 at once, and the cap of 3 can only
+    # be reached by two processes at the same time (a capped queue claims no more than the
+    # free handler slots, nothing ahead). With 8 a process, one could hold all three slots
+    # the whole drain, refilling each as it freed it (seen once in a full-suite run), and
+    # the test would not see the processes contend (single-process caps:
+    # test_queue_limits.py::test_operator_max_running_caps_the_claim, concurrency 8)
+    env.update(DRAINER_CONCURRENCY="2", DRAINER_BATCH_SIZE="2")
     procs = [subprocess.Popen([sys.executable, "-c", DRAINER_LOOP], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
              for _ in range(4)]
