@@ -291,5 +291,6 @@ def section_link_empty(ctx: Ctx) -> list[str]:
               "through the proxy (accept to close), i.e. compute an empty run costs; the "
               "queues' apps are generated, one no-op `@task` per queue; statements: Query + "
               "Execute messages sent (one simple Query may carry several statements: "
-              "drainer's empty run sends its two, run_start and finish_run, in one)."]
+              "drainer's empty run sends its three, run_start, the first claim and "
+              "finish_run, in one)."]
     return lines
