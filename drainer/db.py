@@ -21,7 +21,7 @@ from drainer.claimed import ClaimedRow as ClaimedRow
 from drainer.claimed import _start_now
 from drainer.claimed import claim_order as claim_order
 from drainer.errors import ConfigError, DatabaseUnavailable
-from drainer.pipeline import PLACEHOLDER, _text_array
+from drainer.pipeline import PLACEHOLDER, ints_text, results_text
 
 # ClaimPipeline and positional lived here: importable from here still
 from drainer.pipeline import ClaimPipeline as ClaimPipeline
@@ -246,22 +246,6 @@ def _counts(value: Any) -> dict[str, int]:
 MAX_SNOOZE_S = 3e11
 
 
-def _ints_text(values: Sequence[int]) -> str:
-    """An int array parameter of a completion in PostgreSQL's text form (the statement casts
-    it): a join, where psycopg's list dumper calls a dumper for every element (a completion
-    of 1,000 jobs sends two of these and a results array)."""
-    return "{" + ",".join(map(str, map(int, values))) + "}"
-
-
-def _results_text(results: Sequence[str | None] | None) -> str:
-    """The results array of a completion in text form; empty when every result is None
-    (unnest pads the shorter arrays with NULLs: the common case of handlers that return
-    nothing sends two bytes, not a NULL a job)."""
-    if results is None or all(r is None for r in results):
-        return "{}"
-    return _text_array(results).decode()
-
-
 #: claim_batch_rated counts the due jobs a rate limit left queued up to this many.
 RATE_LIMITED_COUNT_MAX = 1000
 
@@ -393,8 +377,8 @@ class Queries:
         if not ids:
             return set()
         name = "delete_completed_many" if delete else "complete_many"
-        cur = self._exec(name, {"ids": _ints_text(ids), "fences": _ints_text(fences),
-                                "results": _results_text(results),
+        cur = self._exec(name, {"ids": ints_text(ids), "fences": ints_text(fences),
+                                "results": results_text(results),
                                 "followups": followups or "[]"})
         return {r[0] for r in cur.fetchall()}
 
@@ -405,8 +389,8 @@ class Queries:
     ) -> tuple[set[int], list[ClaimedRow]]:
         """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
         cur = self._exec("complete_many_and_claim", {
-            "ids": _ints_text(ids), "fences": _ints_text(fences),
-            "results": _results_text(results), "running": "running",
+            "ids": ints_text(ids), "fences": ints_text(fences),
+            "results": results_text(results), "running": "running",
             "queue": queue, "batch_size": batch_size, "lease": lease,
             "start_now": _start_now(start_now, batch_size), "run_id": run_id,
             "followups": followups or "[]",
@@ -661,8 +645,8 @@ class Queries:
         Query (one round trip, one transaction): the end of the run when no job of the
         drained queues is due once the completions are in; else it does nothing (None)."""
         name = "delete_completed_many" if delete else "complete_many"
-        params = {"ids": _ints_text(ids), "fences": _ints_text(fences),
-                  "results": _results_text(results), "followups": followups or "[]",
+        params = {"ids": ints_text(ids), "fences": ints_text(fences),
+                  "results": results_text(results), "followups": followups or "[]",
                   **_finish_params(self.regclass, if_drained=True, **finish)}
         cur = psycopg.ClientCursor(self.conn)
         cur.execute(self._sql[name] + ";\n" + self._sql["finish_run"], params)

@@ -38,18 +38,29 @@ def positional(query: str) -> tuple[str, list[str]]:
     return PLACEHOLDER.sub(number, query), names
 
 
-def _int_array(values: Sequence[int]) -> bytes:
-    """An int[] parameter in PostgreSQL's text form."""
-    return ("{" + ",".join(str(int(v)) for v in values) + "}").encode()
+def ints_text(values: Sequence[int]) -> str:
+    """An int[] parameter in PostgreSQL's text form (the statement casts it): a join, where
+    psycopg's list dumper calls a dumper for every element (a completion of 1,000 jobs
+    sends two of these and a results array)."""
+    return "{" + ",".join(map(str, map(int, values))) + "}"
 
 
-def _text_array(values: Sequence[str | None]) -> bytes:
+def texts_text(values: Sequence[str | None]) -> str:
     """A text (or jsonb) array parameter in PostgreSQL's text form."""
     def one(v: str | None) -> str:
         if v is None:
             return "NULL"
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return ("{" + ",".join(one(v) for v in values) + "}").encode()
+    return "{" + ",".join(one(v) for v in values) + "}"
+
+
+def results_text(results: Sequence[str | None] | None) -> str:
+    """The results array of a completion in text form; empty when every result is None
+    (unnest pads the shorter arrays with NULLs: the common case of handlers that return
+    nothing sends two bytes, not a NULL a job)."""
+    if results is None or all(r is None for r in results):
+        return "{}"
+    return texts_text(results)
 
 
 class ClaimPipeline:
@@ -105,9 +116,8 @@ class ClaimPipeline:
                 self.prepared = True
             pgconn.enter_pipeline_mode()
         values: dict[str, bytes | None] = {
-            "ids": _int_array(ids), "fences": _int_array(fences),
-            "results": _text_array(list(results) if results is not None
-                                   else [None] * len(ids)),
+            "ids": ints_text(ids).encode(), "fences": ints_text(fences).encode(),
+            "results": results_text(results).encode(),
             "followups": (followups or "[]").encode(self.encoding), "running": b"running",
             "queue": queue.encode(self.encoding), "batch_size": str(int(batch_size)).encode(),
             "lease": repr(float(lease)).encode(),
