@@ -25,7 +25,7 @@ from drainer import db, otel, pipeline, queue_limits
 from drainer._signals import on_stop_signals
 from drainer.drain import collector, transaction
 from drainer.drain import handlers as handler_calls
-from drainer.drain.claims import Claims, first_claim_size
+from drainer.drain.claims import Claims, combinable, first_claim_size
 from drainer.drain.handlers import MAX_ERROR_CHARS, Handlers, format_error, make_running
 from drainer.drain.leases import Heartbeat
 from drainer.drain.limits import MAX_RUNTIME, Limits, record
@@ -308,13 +308,13 @@ def _first(settings: Settings, registry: Registry, queues: list[str],
     if finish is None or size <= 0:
         return None, 0
     tasks = [registry.tasks[name] for name in queues]
-    eligible = [not t.transaction and t.max_running is None and t.rate_limit is None
-                and t.queue not in max_running and t.queue not in rates for t in tasks]
+    eligible = [combinable(t) and t.queue not in max_running and t.queue not in rates
+                for t in tasks]
     if not any(eligible):
         return None, 0
     leases = [t.lease if t.lease is not None else settings.lease for t in tasks]
-    start_now = 1 if settings.concurrency == 1 else settings.concurrency
-    return db.first_claim_params(queues, eligible, leases, size, start_now, run_id), size
+    return db.first_claim_params(queues, eligible, leases, size, settings.concurrency,
+                                 run_id), size
 
 
 def _finish_args(settings: Settings, registry: Registry) -> dict[str, Any] | None:

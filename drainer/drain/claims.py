@@ -82,6 +82,13 @@ def first_claim_size(batch_size: int, concurrency: int, max_jobs: int | None) ->
     return claim_size(max(batch_size, min(MAX_CLAIM, room)), max_jobs, 0)
 
 
+def combinable(task: Task) -> bool:
+    """Whether a queue's claims may go with other statements and ahead: not transaction
+    mode, not capped by max_running nor rate-limited (its claim takes the queue's lock, in
+    its own transaction)."""
+    return not task.transaction and task.max_running is None and task.rate_limit is None
+
+
 def next_queue(idx: int, n: int, size: int, got: int) -> int:
     """Stay on a queue while it fills whole batches; move on when it runs dry."""
     return idx if got == size else (idx + 1) % n
@@ -341,11 +348,8 @@ class Claims:
         return bool(self.outcomes.ok) and self.combine and self._may_combine(self.cursor)
 
     def _may_combine(self, idx: int) -> bool:
-        """A queue whose claims may go with completions and ahead: not transaction mode,
-        not capped by max_running nor rate-limited (its claim takes the queue's lock, in its
-        own transaction)."""
-        task = self._task(idx)
-        return not task.transaction and task.max_running is None and task.rate_limit is None
+        """A queue whose claims may go with completions and ahead (see :func:`combinable`)."""
+        return combinable(self._task(idx))
 
     def known_due(self, names: list[str]) -> None:
         """The queues with due jobs, as read by the run's first statement: the first sweep
