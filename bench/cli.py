@@ -653,8 +653,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"section {name}")
         since = len(SETTLED.settles)
         lines = fns[name](ctx)
-        if SETTLED.note(since):
-            lines += ["", SETTLED.note(since)]
+        settled = SETTLED.note(since)
+        if settled:
+            lines += ["", settled]
         tables[name] = "\n".join(lines)
         out += lines
         out.append("")
