@@ -161,6 +161,7 @@ def drains(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     monkeypatch.setattr(drain_module, "_build", build)
     return built
 
+
 def in_ci() -> bool:
     """CI=true (as CI services set it): the suite must not skip what CI installs."""
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
