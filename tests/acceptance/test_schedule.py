@@ -38,9 +38,17 @@ def start_schedule(pg_url: str, schema: str, *args: str) -> subprocess.Popen[str
 
 def stop(proc: subprocess.Popen[str], timeout: float = 30,
          sig: signal.Signals = signal.SIGTERM) -> tuple[int, str, str]:
+    """Signal the schedule and wait for it; kill it and fail if it hangs (a process left
+    running would fail whichever test comes next, with its unclosed pipes)."""
     if proc.poll() is None:
         proc.send_signal(sig)
-    out, err = proc.communicate(timeout=timeout)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"drainer schedule did not stop within {timeout}s of {sig.name}; "
+                             f"stderr tail: {err[-2000:]}") from None
     return proc.returncode, out, err
 
 
