@@ -145,6 +145,19 @@ def run_cli(args: list[str], *, pg_url: str | None, schema: str | None, input: s
     )
 
 
+def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str, str]:
+    """Wait for a drainer subprocess; kill it and fail if it hangs (a process left running
+    would fail whichever test comes next, with its unclosed pipes)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"drainer hung for {timeout}s; stderr tail: {err[-2000:]}"
+                             ) from None
+    return proc.returncode, out, err
+
+
 @pytest.fixture
 def drains(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The drain loops (:class:`drainer.drain.loop.Drain`) run_once builds, in order: none

@@ -20,7 +20,7 @@ from psycopg import sql
 
 from drainer.migrate import migrate
 from drainer.producer import enqueue
-from tests.conftest import cli_env, run_cli
+from tests.conftest import cli_env, finish, run_cli
 
 UNREACHABLE = "postgresql://nobody:secret@127.0.0.1:1/nothing"
 
@@ -38,18 +38,10 @@ def start_schedule(pg_url: str, schema: str, *args: str) -> subprocess.Popen[str
 
 def stop(proc: subprocess.Popen[str], timeout: float = 30,
          sig: signal.Signals = signal.SIGTERM) -> tuple[int, str, str]:
-    """Signal the schedule and wait for it; kill it and fail if it hangs (a process left
-    running would fail whichever test comes next, with its unclosed pipes)."""
+    """Signal the schedule and wait for it (kill it and fail if it hangs)."""
     if proc.poll() is None:
         proc.send_signal(sig)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"drainer schedule did not stop within {timeout}s of {sig.name}; "
-                             f"stderr tail: {err[-2000:]}") from None
-    return proc.returncode, out, err
+    return finish(proc, timeout)
 
 
 def reports(out: str) -> list[dict[str, Any]]:

@@ -26,8 +26,8 @@ from psycopg import sql
 from drainer.migrate import migrate
 from drainer.producer import JobSpec, enqueue_many
 from tests._pgbouncer import POOL_SIZE, Bouncer, pgbouncer  # noqa: F401  (the fixture)
-from tests.conftest import ROOT, cli_env, run_cli
-from tests.reliability._helpers import executions, finish, jobs, runs_per_job, start_drainer
+from tests.conftest import ROOT, cli_env, finish, run_cli
+from tests.reliability._helpers import executions, jobs, runs_per_job, start_drainer
 
 Conn = psycopg.Connection[Any]
 

@@ -71,18 +71,6 @@ def status_counts(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
     return dict(Counter(r["status"] for r in jobs(conn, schema).values()))
 
 
-def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str, str]:
-    """Wait for a drainer subprocess; kill it and fail if it hangs."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"drainer hung for {timeout}s; stderr tail: {err[-2000:]}"
-                             ) from None
-    return proc.returncode, out, err
-
-
 SECRET = "S3cretPw_xyz"
 
 

@@ -18,9 +18,9 @@ import pytest
 
 from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
+from tests.conftest import finish
 from tests.reliability._helpers import (
     executions,
-    finish,
     jobs,
     runs_per_job,
     secret_dsn,

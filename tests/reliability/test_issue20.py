@@ -27,8 +27,8 @@ from drainer.migrate import migrate
 from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 from tests._cluster import Cluster, cluster  # noqa: F401  (the fixture)
-from tests.conftest import ROOT, cli_env, run_cli
-from tests.reliability._helpers import executions, finish, jobs, runs_per_job, wait_for
+from tests.conftest import ROOT, cli_env, finish, run_cli
+from tests.reliability._helpers import executions, jobs, runs_per_job, wait_for
 
 Conn = psycopg.Connection[Any]
 APP = "issue20_jobs"

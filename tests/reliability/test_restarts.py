@@ -14,9 +14,9 @@ import pytest
 from drainer.migrate import migrate
 from drainer.producer import JobSpec, enqueue_many
 from tests._cluster import Cluster, cluster  # noqa: F401  (the fixture)
+from tests.conftest import finish
 from tests.reliability._helpers import (
     executions,
-    finish,
     jobs,
     runs_per_job,
     start_drainer,

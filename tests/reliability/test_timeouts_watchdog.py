@@ -24,8 +24,8 @@ from drainer.migrate import install_notify_trigger, migrate
 from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 from tests._cluster import Cluster, cluster  # noqa: F401  (the fixture)
-from tests.conftest import run_cli
-from tests.reliability._helpers import executions, finish, jobs, start_drainer, wait_for
+from tests.conftest import finish, run_cli
+from tests.reliability._helpers import executions, jobs, start_drainer, wait_for
 
 Conn = psycopg.Connection[Any]
 
