@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from tests.conftest import ROOT, cli_env, run_cli
+from tests.conftest import ROOT, cli_env, finish, run_cli
 
 
 def _one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -185,7 +185,7 @@ def test_sigterm_releases_unstarted_jobs(pg_url: str, schema: str,
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    _, out, err = finish(proc, 30)
     assert proc.returncode == 0, err
     report = json.loads(out)
     assert (report["claimed"], report["succeeded"], report["released"]) == (10, 1, 9)

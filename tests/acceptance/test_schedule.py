@@ -264,7 +264,7 @@ def test_audit_next_to_schedule_comes_out_clean(pg_url: str, jobs_schema: str,
          "--only-application", app_name(schema) + "%", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(pg_url, None))
     try:
-        out, err = audit.communicate(timeout=60)
+        _, out, err = finish(audit, 60)
     finally:
         code, _sched_out, sched_err = stop(sched)
     assert code == 0, sched_err

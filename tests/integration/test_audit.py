@@ -17,7 +17,7 @@ import pytest
 
 from drainer.audit import SessionFilter, audit, format_table
 from drainer.waking import IdleTimeout
-from tests.conftest import cli_env, make_settings
+from tests.conftest import cli_env, finish, make_settings
 
 IDLE = IdleTimeout(3.0, "--idle-timeout")
 
@@ -151,14 +151,14 @@ def test_cli_exit_codes_poller_then_clean(pg_url: str, sessions: Sessions) -> No
                           "--only-application", sessions.name("poller"))
     clean = run_audit_cli(pg_url, *common, "--only-application", sessions.name("idle"),
                           "--only-database", "postgres")
-    out, err = awake.communicate(timeout=60)
+    _, out, err = finish(awake, 60)
     assert awake.returncode == 1, err
     report = json.loads(out)
     assert report["could_suspend"] is False
     assert next(s["reason"] for s in report["sessions"]).startswith("polls about every")
     assert report["filters"]["application_names"] == [sessions.name("poller")]
 
-    out, err = clean.communicate(timeout=60)
+    _, out, err = finish(clean, 60)
     assert clean.returncode == 0, err + out
     assert "could suspend: quiet for" in out
     assert sessions.name("idle") in out and "idle for" in out
@@ -166,7 +166,7 @@ def test_cli_exit_codes_poller_then_clean(pg_url: str, sessions: Sessions) -> No
 
 def test_cli_bad_duration_is_one_line(pg_url: str) -> None:
     proc = run_audit_cli(pg_url, "--duration", "soon")
-    _out, err = proc.communicate(timeout=30)
+    _, _out, err = finish(proc, 30)
     assert proc.returncode == 2
     assert err.strip().count("\n") == 0 and "--duration" in err
 
@@ -250,11 +250,11 @@ def test_cli_only_pid_and_user(pg_url: str, sessions: Sessions) -> None:
     pid = target.info.backend_pid
     proc = run_audit_cli(pg_url, "--duration", "1", "--idle-timeout", "3", "--json",
                          "--only-pid", f"{pid},{pid}", "--only-user", "postgres")
-    out, err = proc.communicate(timeout=30)
+    _, out, err = finish(proc, 30)
     report = json.loads(out)
     assert [s["pid"] for s in report["sessions"]] == [pid], err
     assert report["filters"]["pids"] == [pid, pid]
     assert report["counters"].startswith("off")
     bad = run_audit_cli(pg_url, "--only-pid", "abc")
-    _, err = bad.communicate(timeout=30)
+    _, _, err = finish(bad, 30)
     assert bad.returncode == 2 and "--only-pid" in err

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from drainer.settings import Settings
-from tests.conftest import ROOT, cli_env, run_cli
+from tests.conftest import ROOT, cli_env, finish, run_cli
 
 Conn = psycopg.Connection[Any]
 
@@ -95,7 +95,7 @@ def test_enqueue_on_a_terminal_says_it_reads_json_lines(migrated: Settings,
     try:
         time.sleep(1.0)
         os.write(master, b'{"a": 1}\n\x04')  # one payload, then Ctrl-D
-        out, err = p.communicate(timeout=60)
+        _, out, err = finish(p, 60)
     finally:
         os.close(master)
     assert p.returncode == 0, err
@@ -149,7 +149,7 @@ def _worker_start_lines(pg_url: str, schema: str) -> str:
                 break
     finally:
         p.send_signal(signal.SIGTERM)
-        _out, err = p.communicate(timeout=60)
+        _, _out, err = finish(p, 60)
     return "".join(lines) + err
 
 

@@ -139,7 +139,7 @@ def test_schedule_through_pgbouncer(pgbouncer: Bouncer, schema: str, conn: Conn,
             time.sleep(0.1)
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        _, out, err = finish(proc, 30)
     assert proc.returncode == 0, err[-3000:]
     reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert sum(r.get("succeeded", 0) for r in reports) == 6, (reports, err[-2000:])
