@@ -100,10 +100,11 @@ def test_concurrent_claims_grow_across_a_1_ms_link(migrated: Settings, pg_url: s
                           registry=registry)
     assert report.succeeded == JOBS and report.lost == 0
     assert drains[0].clock.far()
-    # claims that follow the free slots (10 handlers, 10 jobs queued ahead of them) take
-    # 10-20 jobs and send 2 statements each (the generic-plan setting and the claim): 100
-    # and more
-    assert statements[0] < JOBS / 20, statements
+    # claims that do not grow (10 jobs, 2 statements each: the generic-plan setting and the
+    # claim) send 200 (seen with BatchClock.adapted returning --batch-size); grown ones 28-40 on a
+    # quiet machine and up to 59 in a loaded CI run, as slower handlers (a longer time a job)
+    # size the claims smaller: half way is the line
+    assert statements[0] < JOBS / 10, statements
 
 
 def test_a_local_concurrent_drain_is_not_taken_for_a_link(
