@@ -299,6 +299,15 @@ def _finish_params(regclass: str, queues: Sequence[str], *, archive_after: float
             "if_idle": if_idle, "if_drained": if_drained}
 
 
+def _completion_params(ids: Sequence[int], fences: Sequence[int],
+                       results: Sequence[str | None] | None, followups: str | None
+                       ) -> dict[str, str]:
+    """The parameters every completion statement takes (complete_many and the statements
+    built on it): ids, fences and results as array text, the follow-ups as a JSON array."""
+    return {"ids": ints_text(ids), "fences": ints_text(fences),
+            "results": results_text(results), "followups": followups or "[]"}
+
+
 class _Rendered(dict[str, str]):
     """The named statements of one connection, each rendered (its identifiers quoted) when
     it is first used: an empty run sends 2 of the 55, and rendering them all took about a
@@ -377,9 +386,7 @@ class Queries:
         if not ids:
             return set()
         name = "delete_completed_many" if delete else "complete_many"
-        cur = self._exec(name, {"ids": ints_text(ids), "fences": ints_text(fences),
-                                "results": results_text(results),
-                                "followups": followups or "[]"})
+        cur = self._exec(name, _completion_params(ids, fences, results, followups))
         return {r[0] for r in cur.fetchall()}
 
     def complete_many_and_claim(
@@ -389,11 +396,9 @@ class Queries:
     ) -> tuple[set[int], list[ClaimedRow]]:
         """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
         cur = self._exec("complete_many_and_claim", {
-            "ids": ints_text(ids), "fences": ints_text(fences),
-            "results": results_text(results), "running": "running",
+            **_completion_params(ids, fences, results, followups), "running": "running",
             "queue": queue, "batch_size": batch_size, "lease": lease,
             "start_now": _start_now(start_now, batch_size), "run_id": run_id,
-            "followups": followups or "[]",
         })
         written: set[int] = set()
         rows: list[ClaimedRow] = []
@@ -645,8 +650,7 @@ class Queries:
         Query (one round trip, one transaction): the end of the run when no job of the
         drained queues is due once the completions are in; else it does nothing (None)."""
         name = "delete_completed_many" if delete else "complete_many"
-        params = {"ids": ints_text(ids), "fences": ints_text(fences),
-                  "results": results_text(results), "followups": followups or "[]",
+        params = {**_completion_params(ids, fences, results, followups),
                   **_finish_params(self.regclass, if_drained=True, **finish)}
         cur = psycopg.ClientCursor(self.conn)
         cur.execute(self._sql[name] + ";\n" + self._sql["finish_run"], params)
