@@ -84,7 +84,7 @@ class Worker:
             conn = db.connect(self.settings, purpose="listen")
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
         except (DatabaseUnavailable, psycopg.Error) as exc:
-            logger.warning("cannot LISTEN: %s", db._one_line(exc))
+            logger.warning("cannot LISTEN: %s", db.one_line(exc))
             return False
         self.listen = conn
         logger.info("listening on channel %r for queues %s", CHANNEL, ", ".join(self.queues))
@@ -126,7 +126,7 @@ class Worker:
             raise
         except (DatabaseUnavailable, psycopg.Error) as exc:
             self.stats.errors += 1
-            logger.warning("drain after %s failed: %s", why, db._one_line(exc))
+            logger.warning("drain after %s failed: %s", why, db.one_line(exc))
             return None
         self.stats.add(report)
         if report.claimed:
@@ -190,7 +190,7 @@ class Worker:
                         must_poll, why = True, "notify"
                 except psycopg.Error as exc:
                     logger.warning("LISTEN connection lost (%s): reconnecting; polling once "
-                                   "when back", db._one_line(exc))
+                                   "when back", db.one_line(exc))
                     self._close_listen()
                     why = "reconnect"
         finally:

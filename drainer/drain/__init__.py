@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from drainer import db, otel, pipeline, queue_limits
+from drainer import db, otel, queue_limits
 from drainer._signals import on_stop_signals
 from drainer.drain import collector, transaction
 from drainer.drain import handlers as handler_calls
@@ -181,7 +181,7 @@ def run_once(
             report.stopped_by = report.stopped_by or MAX_RUNTIME
             report.deadline_hit = True
             logger.warning("the run ended by the --max-runtime watchdog (%s); outcomes not "
-                           "written are left to their lease", db._one_line(exc),
+                           "written are left to their lease", db.one_line(exc),
                            extra={"run_id": report.run_id})
         finally:
             if watchdog is not None:
@@ -280,7 +280,7 @@ def _build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any]
                     # a Sync is timed when no claim is in flight and no handler runs (the
                     # loop's step checks; concurrent fast handlers go idle when a claim
                     # takes longer than they do, which is when growing it pays)
-                    probe=(lambda: pipeline.sync_round_trip(conn.pgconn))
+                    probe=(lambda: db.sync_round_trip(conn.pgconn))
                     if db.ClaimPipeline.supported() else None)
     drain = Drain(report, q, claims, handlers, outcomes, limits,
                   vacuum.BetweenBatches(q, settings.vacuum_every,
@@ -455,7 +455,7 @@ def _push_metrics(settings: Settings, report: RunReport) -> None:
 
         metrics.push_report(settings, report)
     except Exception as exc:
-        logger.warning("pushing metrics failed: %s", db._one_line(exc))
+        logger.warning("pushing metrics failed: %s", db.one_line(exc))
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -474,7 +474,7 @@ class Claims:
             # the statement rolled back whole (nothing completed, nothing claimed): write
             # and claim in two statements instead, which cannot take part in a cycle
             logger.warning("combined completion and claim deadlocked, retrying as two "
-                           "statements: %s", db._one_line(exc),
+                           "statements: %s", db.one_line(exc),
                            extra={"run_id": self.report.run_id})
             self.outcomes.put_back(buf)
             self.outcomes.write()
@@ -563,7 +563,7 @@ class Claims:
     def _deadlocked(self, sent: _Ahead, exc: BaseException) -> Batch:
         # it rolled back whole: nothing written, nothing claimed; write them again later
         logger.warning("pipelined completion and claim deadlocked, writing again: %s",
-                       db._one_line(exc), extra={"run_id": self.report.run_id})
+                       db.one_line(exc), extra={"run_id": self.report.run_id})
         self.outcomes.put_back(sent.successes)
         self.last_full = False
         return []

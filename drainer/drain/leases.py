@@ -56,7 +56,7 @@ class Heartbeat(threading.Thread):
             except Exception as exc:  # keep beating: the next tick may reconnect
                 # a pooler's prepared-statement clash gets the line that says what to set
                 logger.warning("heartbeat failed: %s",
-                               db.prepared_statement_clash(exc) or db._one_line(exc))
+                               db.prepared_statement_clash(exc) or db.one_line(exc))
                 self._close()
         if self.abandoned:
             self._close()  # stop() did not wait for this thread

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from drainer._loaders import UndecodablePayload
+from drainer.db.loaders import UndecodablePayload
 from drainer.drain.claims import Batch, BatchClock, Claims
 from drainer.drain.handlers import Handlers, Running, make_running
 from drainer.drain.leases import HEARTBEAT_FRACTION, Heartbeat

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from drainer._loaders import UndecodablePayload
+from drainer.db.loaders import UndecodablePayload
 from drainer.drain.handlers import Outcome, Running
 from drainer.drain.report import RunReport, job_extra
 from drainer.drain.statements import Statements

@@ -142,12 +142,12 @@ class TransactionRunner:
                 return False
         if box.error is not None:
             logger.warning("job %d: its transaction failed: %s", r.job.id,
-                           db._one_line(box.error),
+                           db.one_line(box.error),
                            extra=job_extra(self.report.run_id, r.job))
             self.close()
             # the commit may or may not have happened: the fenced failure tells
             self.outcomes.add(Outcome(r.job, r.task, False,
-                                      f"transaction failed: {db._one_line(box.error)}"))
+                                      f"transaction failed: {db.one_line(box.error)}"))
         elif box.lost:
             assert box.outcome is not None
             self.outcomes.add(box.outcome, lost=True)
@@ -196,7 +196,7 @@ class TransactionRunner:
         try:
             conn.cancel()
         except Exception as exc:
-            logger.debug("cancel failed: %s", db._one_line(exc))
+            logger.debug("cancel failed: %s", db.one_line(exc))
         try:
             # shut the socket down under libpq (not conn.close(), which would free what the
             # handler thread may be using): the server sees the connection end and rolls
@@ -208,7 +208,7 @@ class TransactionRunner:
                 sock.close()
         except Exception as exc:
             logger.debug("closing the transaction's connection failed: %s",
-                         db._one_line(exc))
+                         db.one_line(exc))
 
     def _release(self, rows: list[ClaimedRow]) -> None:
         if not rows:

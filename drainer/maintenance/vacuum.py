@@ -15,7 +15,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from drainer.db import Queries, _one_line, timeout_kind
+from drainer.db import Queries, one_line, timeout_kind
 
 logger = logging.getLogger(__name__)
 #: The VACUUM between batches logs as part of the drain (its lines predate this module).
@@ -59,7 +59,7 @@ def budget(queries: Queries, seconds: float | None) -> Iterator[None]:
         try:
             conn.execute("RESET statement_timeout")
         except psycopg.Error as exc:  # a broken connection: it is not used again
-            logger.debug("RESET statement_timeout failed: %s", _one_line(exc))
+            logger.debug("RESET statement_timeout failed: %s", one_line(exc))
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def run_once(queries: Queries, threshold: int, health: Mapping[str, Any] | None 
         reason = f"cancelled by {timeout_kind(exc)} after {time.monotonic() - started:.1f}s"
         logger.warning("VACUUM of %s.%s with %d dead tuples %s (the jobs are done; the next "
                        "run tries again; see --maintenance-timeout): %s", queries.schema,
-                       queries.table, dead, reason, _one_line(exc))
+                       queries.table, dead, reason, one_line(exc))
         return VacuumResult(False, dead, last_auto, reason)
     logger.info("vacuumed %s%s.%s (%d dead tuples)", "and analyzed " if analyze else "",
                 queries.schema, queries.table, dead)
@@ -166,7 +166,7 @@ class BetweenBatches:
             kind = timeout_kind(exc)
             drain_logger.warning("VACUUM during the drain %s, not trying again this run: %s",
                                  "failed" if kind is None else f"cancelled by {kind}",
-                                 _one_line(exc))
+                                 one_line(exc))
             return False
         drain_logger.debug("vacuumed the jobs table after %d finished jobs in %.3fs",
                            finished, time.monotonic() - started)

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import psycopg
 import pytest
 
-from drainer._loaders import TIME_MAX, TIME_MIN, UndecodablePayload, register_safe_loaders
+from drainer.db.loaders import TIME_MAX, TIME_MIN, UndecodablePayload, register_safe_loaders
 
 DEEP = "(repeat('[', 5000) || repeat(']', 5000))::jsonb"
 

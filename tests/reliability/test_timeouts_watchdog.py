@@ -18,6 +18,7 @@ import pytest
 from psycopg import sql
 
 from drainer import db
+from drainer.db.connect import KEEPALIVE_COUNT
 from drainer.drain.watchdog import WATCHDOG_EXIT_AFTER_S, WATCHDOG_MARGIN_S
 from drainer.errors import EXIT_TIMEOUT, EXIT_WATCHDOG
 from drainer.migrate import install_notify_trigger, migrate
@@ -45,7 +46,7 @@ def test_every_connection_sets_keepalives_and_tcp_user_timeout(settings: Setting
             params = c.info.get_parameters()
             assert params.get("keepalives") == "1", (purpose, params)
             assert params.get("tcp_user_timeout") == str(int(settings.dead_peer_timeout * 1000))
-            assert params.get("keepalives_count") == str(db.KEEPALIVE_COUNT)
+            assert params.get("keepalives_count") == str(KEEPALIVE_COUNT)
 
 
 def _lock_table(pg_url: str, schema: str, mode: str) -> Conn:

@@ -1,245 +1,20 @@
-"""Connect to the database (timeouts, retries) and run drainer's named statements."""
+"""drainer's statements bound to one connection and one jobs table: one method a statement."""
 
 from __future__ import annotations
 
-import functools
-import logging
 import re
-import time
 from collections.abc import Sequence
 from datetime import datetime
-from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from drainer._loaders import register_safe_loaders
-from drainer._redact import redact
-from drainer.claimed import ClaimedRow as ClaimedRow
-from drainer.claimed import _start_now
-from drainer.claimed import claim_order as claim_order
-from drainer.errors import ConfigError, DatabaseUnavailable
-from drainer.pipeline import PLACEHOLDER, ints_text, results_text
-
-# ClaimPipeline and positional lived here: importable from here still
-from drainer.pipeline import ClaimPipeline as ClaimPipeline
-from drainer.pipeline import positional as positional
+from drainer.db.encoders import PLACEHOLDER, completion_params, counts
+from drainer.db.rows import ClaimedRow, claim_order, how_many_start
+from drainer.db.statements import QUERIES, Rendered, identifiers, regclass_literal
 from drainer.queue_limits import Control, Rate
-
-if TYPE_CHECKING:
-    from drainer.settings import Settings
-
-logger = logging.getLogger(__name__)
-
-_NAME_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.M)
-
-# A connection string libpq cannot use: a configuration error (exit 2), never retried.
-_MALFORMED = re.compile(r"invalid [\w ]*value|invalid port number|invalid connection option",
-                        re.I)
-
-# Errors that retrying will not fix: wrong password, unknown database or role, bad DSN.
-_PERMANENT = (
-    "password authentication failed",
-    "does not exist",
-    "no password supplied",
-    "invalid connection option",
-    "invalid dsn",
-    "missing \"=\"",
-    "invalid integer value",
-    "invalid sslmode",
-    "authentication failed",
-    "permission denied",
-)
-
-
-#: Within about this many seconds a connection notices a dead peer (a partition, a host that
-#: went away): TCP keepalives on an idle connection, tcp_user_timeout on unacknowledged data.
-#: Client-side socket options, so they work through poolers too. A frozen server process
-#: whose kernel still answers is not noticed this way: that is the --max-runtime watchdog's.
-DEAD_PEER_TIMEOUT_DEFAULT = 10.0
-KEEPALIVE_COUNT = 3
-
-
-def keepalive_options(dead_peer_timeout: float) -> dict[str, Any]:
-    """libpq's keepalives, keepalives_idle/_interval/_count and tcp_user_timeout for a dead
-    peer noticed within about ``dead_peer_timeout`` seconds (0: the OS defaults, ~2 h)."""
-    if dead_peer_timeout <= 0:
-        return {}
-    idle = max(1, round(dead_peer_timeout * 0.4))
-    interval = max(1, round((dead_peer_timeout - idle) / KEEPALIVE_COUNT))
-    return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": interval,
-            "keepalives_count": KEEPALIVE_COUNT,
-            "tcp_user_timeout": int(dead_peer_timeout * 1000)}
-
-
-def timeout_kind(exc: BaseException) -> str | None:
-    """What ended a statement when it was a timeout or a cancel, not a lost connection:
-    'statement timeout', 'lock timeout', 'idle-in-transaction timeout', 'cancelled'."""
-    errors = psycopg.errors
-    if isinstance(exc, errors.LockNotAvailable):
-        return "lock timeout"
-    if isinstance(exc, errors.IdleInTransactionSessionTimeout) or \
-            "idle-in-transaction timeout" in str(exc):
-        return "idle-in-transaction timeout"
-    if isinstance(exc, errors.QueryCanceled):
-        return "statement timeout" if "statement timeout" in str(exc) else "cancelled"
-    return None
-
-
-def prepared_statement_clash(exc: BaseException) -> ConfigError | None:
-    """A prepared statement that another client's session already holds, or that the
-    session a statement landed on does not hold: what server-side prepared statements do
-    through a transaction-mode pooler that does not track them (PgBouncer < 1.21, or
-    max_prepared_statements = 0), where consecutive transactions of one client share
-    server sessions with other clients. A configuration error, not a lost connection:
-    the one line says what to set. None for any other error."""
-    errors = psycopg.errors
-    if not isinstance(exc, errors.DuplicatePreparedStatement | errors.InvalidSqlStatementName):
-        return None
-    return ConfigError(
-        f"{type(exc).__name__}: {_one_line(exc)}: server-side prepared statements clash "
-        "through a transaction-mode pooler that does not track them (PgBouncer < 1.21, or "
-        "max_prepared_statements = 0): set DRAINER_PREPARED_STATEMENTS=false "
-        "(--no-prepared-statements), or max_prepared_statements > 0 on PgBouncer >= 1.21")
-
-
-def load_queries() -> dict[str, str]:
-    """The statements of ``sql/queries.sql`` by name (text with ``{identifier}`` holes)."""
-    text = resources.files("drainer").joinpath("sql/queries.sql").read_text("utf-8")
-    parts = _NAME_HEADER.split(text)
-    out: dict[str, str] = {}
-    # parts = [preamble, name1, body1, name2, body2, ...]
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [ln for ln in body.strip().splitlines() if not ln.startswith("--")]
-        out[name] = "\n".join(lines).strip().rstrip(";")
-    return out
-
-
-QUERIES = load_queries()
-
-
-def identifiers(schema: str, table: str) -> dict[str, sql.Composable]:
-    """The identifiers that fill the ``{holes}`` of drainer's SQL, always quoted."""
-    return {
-        "schema": sql.Identifier(schema),
-        "jobs": sql.Identifier(schema, table),
-        "archive": sql.Identifier(schema, f"{table}_archive"),
-        "migrations": sql.Identifier(schema, "drainer_migrations"),
-        "claim_idx": sql.Identifier(f"{table}_claim_idx"),
-        "lease_idx": sql.Identifier(f"{table}_lease_idx"),
-        "finished_idx": sql.Identifier(f"{table}_finished_idx"),
-        "dedup_idx": sql.Identifier(f"{table}_dedup_idx"),
-        "run_at_check": sql.Identifier(f"{table}_run_at_check"),
-        "recurring_idx": sql.Identifier(f"{table}_recurring_idx"),
-        "recurring_queued_idx": sql.Identifier(f"{table}_recurring_queued_idx"),
-        "article_idx": sql.Identifier(schema, f"{table}_ready_idx"),
-        "notify_fn": sql.Identifier(schema, f"{table}_notify"),
-        "notify_trigger": sql.Identifier(f"{table}_notify"),
-        "control": sql.Identifier(schema, f"{table}_queues"),
-    }
-
-
-def regclass_literal(schema: str, table: str) -> str:
-    """A quoted ``schema.table`` string to cast to regclass as a *parameter*."""
-    return '"{}"."{}"'.format(schema.replace('"', '""'), table.replace('"', '""'))
-
-
-@functools.cache
-def warm_dumpers() -> None:
-    """Once a process, before its first connection: dump the kinds of parameters drainer's
-    statements send (lists of names and of numbers with NULLs, numbers, text). psycopg
-    builds each kind's dumper the first time (a list's quoting regex: about 0.5 ms), and
-    the first time was the run's first statement, inside the open (billed) session."""
-    tx = psycopg.adapt.Transformer()
-    for value in (["queue"], [None], [None, 1], 1, 1.5, "text", True):
-        tx.get_dumper(value, psycopg.adapt.PyFormat.AUTO).dump(value)
-
-
-def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[Any]:
-    """Open one autocommit connection with drainer's session settings.
-
-    Retries with exponential backoff (0.5 s, 1 s, 2 s, ...) while the server cannot be
-    reached: the first connection after a suspend may take seconds while the compute
-    resumes. Raises DatabaseUnavailable (exit 3) when every attempt failed.
-    """
-    kwargs: dict[str, Any] = {
-        "autocommit": True,
-        "connect_timeout": max(1, round(settings.connect_timeout)),
-        "application_name": settings.application_name if purpose == "work" else
-        f"{settings.application_name}-{purpose}",
-        **keepalive_options(settings.dead_peer_timeout),
-    }
-    if settings.session_options:
-        opts = []
-        for name, value in (
-            ("statement_timeout", settings.statement_timeout),
-            ("lock_timeout", settings.lock_timeout),
-            ("idle_in_transaction_session_timeout", settings.idle_in_transaction_timeout),
-        ):
-            opts.append(f"-c {name}={int(value * 1000)}")
-        kwargs["options"] = " ".join(opts)
-    dsn = settings.dsn
-    try:
-        psycopg.conninfo.conninfo_to_dict(dsn)  # syntax only: no network
-    except psycopg.Error as exc:
-        # libpq quotes the word it choked on, which may be anything (even a password)
-        message = re.sub(r'(missing "=" after) "[^"]*"', r"\1 a word", _one_line(exc))
-        raise ConfigError(f"invalid database URL: {message}") from None
-    warm_dumpers()
-    attempts = settings.connect_retries + 1
-    delay = 0.5
-    last: Exception | None = None
-    for attempt in range(1, attempts + 1):
-        started = time.monotonic()
-        try:
-            conn = psycopg.connect(dsn, **kwargs)
-        except psycopg.Error as exc:
-            last = exc
-            message = _one_line(exc)
-            if _MALFORMED.search(message):
-                raise ConfigError(f"invalid database URL: {message}") from None
-            if settings.session_options and "unsupported startup parameter" in message.lower():
-                # a pooler (PgBouncer < 1.20: any 'options'; >= 1.20: a setting it does
-                # not track) refuses the timeouts drainer sends: retrying will not help
-                raise ConfigError(
-                    f"cannot connect: {message}; the server or pooler rejects the 'options' "
-                    "startup parameter: set DRAINER_SESSION_OPTIONS=false "
-                    "(--no-session-options) and set the timeouts on the role instead "
-                    "(ALTER ROLE ... SET statement_timeout = '60s', lock_timeout, "
-                    "idle_in_transaction_session_timeout)"
-                ) from None
-            if any(p in message.lower() for p in _PERMANENT):
-                raise DatabaseUnavailable(f"cannot connect: {message}") from None
-            if attempt < attempts:
-                logger.warning(
-                    "connect attempt %d/%d failed after %.1fs: %s; retrying in %.1fs",
-                    attempt, attempts, time.monotonic() - started, message, delay,
-                )
-                time.sleep(delay)
-                delay = min(delay * 2, 30.0)
-            continue
-        if not settings.prepared_statements:
-            conn.prepare_threshold = None
-        # a row the client cannot represent must not fail a whole claim or an ops command
-        register_safe_loaders(conn.adapters)
-        return conn
-    assert last is not None
-    raise DatabaseUnavailable(
-        f"database unreachable after {attempts} attempts: {_one_line(last)}"
-    )
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return redact(text)
-
-
-def _counts(value: Any) -> dict[str, int]:
-    """A jsonb {queue: count} (NULL: none), in queue order."""
-    return {str(k): int(v) for k, v in sorted((value or {}).items())}
-
 
 #: The longest snooze sent (seconds, about 9,500 years): run_at is kept under 9999-01-01
 #: by the statement; this only keeps the interval itself representable.
@@ -285,7 +60,7 @@ def first_claim_params(queues: Sequence[str], eligible: Sequence[bool],
     run id recorded on the rows."""
     assert len(eligible) == len(leases) == len(queues)
     return {"eligible": list(eligible), "leases": [float(v) for v in leases],
-            "batch_size": batch_size, "start_now": _start_now(start_now, batch_size),
+            "batch_size": batch_size, "start_now": how_many_start(start_now, batch_size),
             "run_id": run_id}
 
 
@@ -299,31 +74,6 @@ def _finish_params(regclass: str, queues: Sequence[str], *, archive_after: float
             "if_idle": if_idle, "if_drained": if_drained}
 
 
-def _completion_params(ids: Sequence[int], fences: Sequence[int],
-                       results: Sequence[str | None] | None, followups: str | None
-                       ) -> dict[str, str]:
-    """The parameters every completion statement takes (complete_many and the statements
-    built on it): ids, fences and results as array text, the follow-ups as a JSON array."""
-    return {"ids": ints_text(ids), "fences": ints_text(fences),
-            "results": results_text(results), "followups": followups or "[]"}
-
-
-class _Rendered(dict[str, str]):
-    """The named statements of one connection, each rendered (its identifiers quoted) when
-    it is first used: an empty run sends 2 of the 55, and rendering them all took about a
-    millisecond while the session was open (and billed)."""
-
-    def __init__(self, conn: psycopg.Connection[Any], ids: dict[str, sql.Composable]) -> None:
-        super().__init__()
-        self.conn = conn
-        self.ids = ids
-
-    def __missing__(self, name: str) -> str:
-        text = sql.SQL(QUERIES[name]).format(**self.ids).as_string(self.conn)
-        self[name] = text
-        return text
-
-
 class Queries:
     """drainer's named statements bound to one connection and one jobs table.
 
@@ -335,7 +85,7 @@ class Queries:
         self.schema = schema
         self.table = table
         self.regclass = regclass_literal(schema, table)
-        self._sql = _Rendered(conn, identifiers(schema, table))
+        self._sql = Rendered(conn, identifiers(schema, table))
 
     def text(self, name: str) -> str:
         """The rendered SQL of a named statement (for EXPLAIN, benchmarks, pgbench)."""
@@ -369,7 +119,7 @@ class Queries:
         at once and are charged their attempt; ``run_id`` is recorded on each row."""
         cur = self._exec("claim_batch", {
             "queue": queue, "batch_size": batch_size, "lease": lease,
-            "start_now": _start_now(start_now, batch_size), "run_id": run_id})
+            "start_now": how_many_start(start_now, batch_size), "run_id": run_id})
         rows = [ClaimedRow(*r) for r in cur.fetchall()]
         rows.sort(key=claim_order)
         return rows
@@ -386,7 +136,7 @@ class Queries:
         if not ids:
             return set()
         name = "delete_completed_many" if delete else "complete_many"
-        cur = self._exec(name, _completion_params(ids, fences, results, followups))
+        cur = self._exec(name, completion_params(ids, fences, results, followups))
         return {r[0] for r in cur.fetchall()}
 
     def complete_many_and_claim(
@@ -396,9 +146,9 @@ class Queries:
     ) -> tuple[set[int], list[ClaimedRow]]:
         """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
         cur = self._exec("complete_many_and_claim", {
-            **_completion_params(ids, fences, results, followups), "running": "running",
+            **completion_params(ids, fences, results, followups), "running": "running",
             "queue": queue, "batch_size": batch_size, "lease": lease,
-            "start_now": _start_now(start_now, batch_size), "run_id": run_id,
+            "start_now": how_many_start(start_now, batch_size), "run_id": run_id,
         })
         written: set[int] = set()
         rows: list[ClaimedRow] = []
@@ -448,7 +198,7 @@ class Queries:
         Sent as one pipeline (BEGIN, lock, claim, COMMIT): one round trip."""
         params = {"queue": queue, "batch_size": batch_size, "lease": lease,
                   "max_running": max_running,
-                  "start_now": _start_now(start_now, batch_size), "run_id": run_id}
+                  "start_now": how_many_start(start_now, batch_size), "run_id": run_id}
         with self.conn.pipeline(), self.conn.transaction():
             self._exec("queue_claim_lock",
                        {"key": f"drainer:max_running:{self.schema}.{self.table}:{queue}"})
@@ -468,7 +218,7 @@ class Queries:
         params = {"queue": queue, "batch_size": batch_size, "lease": lease,
                   "max_running": max_running, "rate_count": rate.count,
                   "rate_period": rate.period, "count_limit": RATE_LIMITED_COUNT_MAX,
-                  "start_now": _start_now(start_now, batch_size), "run_id": run_id}
+                  "start_now": how_many_start(start_now, batch_size), "run_id": run_id}
         with self.conn.pipeline(), self.conn.transaction():
             self._exec("queue_claim_lock",
                        {"key": f"drainer:max_running:{self.schema}.{self.table}:{queue}"})
@@ -622,7 +372,7 @@ class Queries:
             "queues": list(queues), "served": None if served is None else list(served),
         }).fetchone()
         assert row is not None
-        return int(row[0]), row[1], _counts(row[2])
+        return int(row[0]), row[1], counts(row[2])
 
     def finish_run(self, queues: Sequence[str], archive_after: float, failed_retention: float,
                    batch_size: int, served: Sequence[str] | None = None) -> dict[str, Any]:
@@ -650,7 +400,7 @@ class Queries:
         Query (one round trip, one transaction): the end of the run when no job of the
         drained queues is due once the completions are in; else it does nothing (None)."""
         name = "delete_completed_many" if delete else "complete_many"
-        params = {**_completion_params(ids, fences, results, followups),
+        params = {**completion_params(ids, fences, results, followups),
                   **_finish_params(self.regclass, if_drained=True, **finish)}
         cur = psycopg.ClientCursor(self.conn)
         cur.execute(self._sql[name] + ";\n" + self._sql["finish_run"], params)
@@ -665,7 +415,7 @@ class Queries:
         if row is None:  # if_idle, and the run had something to claim
             return None
         out = dict(row)
-        out["unserved_due"] = _counts(out.get("unserved_due"))
+        out["unserved_due"] = counts(out.get("unserved_due"))
         return out
 
     def queue_seen(self, queue: str) -> bool:

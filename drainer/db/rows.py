@@ -1,4 +1,4 @@
-"""A claimed row and the claim's order (shared by drainer.db and drainer.pipeline)."""
+"""A claimed row, and the claim's order that UPDATE ... RETURNING does not keep."""
 
 from __future__ import annotations
 
@@ -29,6 +29,6 @@ def claim_order(row: ClaimedRow) -> tuple[int, datetime, int]:
     return -row.priority, row.run_at, row.id
 
 
-def _start_now(start_now: int | None, batch_size: int) -> int:
+def how_many_start(start_now: int | None, batch_size: int) -> int:
     """How many of a claim's rows start at once (None: all of them)."""
     return batch_size if start_now is None else max(0, int(start_now))

@@ -1,12 +1,11 @@
 """The claim pipeline: ``complete_many_and_claim`` statements in flight on one connection.
 
 libpq pipeline mode driven from psycopg's low-level ``pgconn`` (as psycopg keeps its own
-in ``_pipeline.py``); :mod:`drainer.db` holds the connections and the other statements.
+in ``_pipeline.py``); :mod:`drainer.db.queries` has the other statements.
 """
 
 from __future__ import annotations
 
-import re
 import selectors
 import time
 from collections.abc import Callable, Sequence
@@ -15,52 +14,11 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import pq
 
-from drainer.claimed import ClaimedRow, _start_now, claim_order
+from drainer.db.encoders import ints_text, positional, results_text
+from drainer.db.rows import ClaimedRow, claim_order, how_many_start
 
 if TYPE_CHECKING:
-    from drainer.db import Queries
-
-#: a psycopg ``%(name)s`` placeholder, or ``%%`` (a literal %)
-PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
-
-
-def positional(query: str) -> tuple[str, list[str]]:
-    """A psycopg ``%(name)s`` query in libpq's ``$n`` form, and the names in ``$n`` order."""
-    names: list[str] = []
-
-    def number(m: re.Match[str]) -> str:
-        if m.group(0) == "%%":
-            return "%"
-        if m.group(1) not in names:
-            names.append(m.group(1))
-        return f"${names.index(m.group(1)) + 1}"
-
-    return PLACEHOLDER.sub(number, query), names
-
-
-def ints_text(values: Sequence[int]) -> str:
-    """An int[] parameter in PostgreSQL's text form (the statement casts it): a join, where
-    psycopg's list dumper calls a dumper for every element (a completion of 1,000 jobs
-    sends two of these and a results array)."""
-    return "{" + ",".join(map(str, map(int, values))) + "}"
-
-
-def texts_text(values: Sequence[str | None]) -> str:
-    """A text (or jsonb) array parameter in PostgreSQL's text form."""
-    def one(v: str | None) -> str:
-        if v is None:
-            return "NULL"
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return "{" + ",".join(one(v) for v in values) + "}"
-
-
-def results_text(results: Sequence[str | None] | None) -> str:
-    """The results array of a completion in text form; empty when every result is None
-    (unnest pads the shorter arrays with NULLs: the common case of handlers that return
-    nothing sends two bytes, not a NULL a job)."""
-    if results is None or all(r is None for r in results):
-        return "{}"
-    return texts_text(results)
+    from drainer.db.queries import Queries
 
 
 class ClaimPipeline:
@@ -121,7 +79,7 @@ class ClaimPipeline:
             "followups": (followups or "[]").encode(self.encoding), "running": b"running",
             "queue": queue.encode(self.encoding), "batch_size": str(int(batch_size)).encode(),
             "lease": repr(float(lease)).encode(),
-            "start_now": str(_start_now(start_now, batch_size)).encode(),
+            "start_now": str(how_many_start(start_now, batch_size)).encode(),
             "run_id": None if run_id is None else run_id.encode(self.encoding)}
         params: list[bytes | None] = [values[n] for n in self.names]
         if self.generic:

@@ -1,0 +1,144 @@
+"""Opening drainer's connections: session settings, keepalives, retries while a compute resumes."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from drainer.db.errors import one_line
+from drainer.db.loaders import register_safe_loaders
+from drainer.errors import ConfigError, DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from drainer.settings import Settings
+
+logger = logging.getLogger("drainer.db")
+
+# A connection string libpq cannot use: a configuration error (exit 2), never retried.
+_MALFORMED = re.compile(r"invalid [\w ]*value|invalid port number|invalid connection option",
+                        re.I)
+
+# Errors that retrying will not fix: wrong password, unknown database or role, bad DSN.
+_PERMANENT = (
+    "password authentication failed",
+    "does not exist",
+    "no password supplied",
+    "invalid connection option",
+    "invalid dsn",
+    "missing \"=\"",
+    "invalid integer value",
+    "invalid sslmode",
+    "authentication failed",
+    "permission denied",
+)
+
+
+#: Within about this many seconds a connection notices a dead peer (a partition, a host that
+#: went away): TCP keepalives on an idle connection, tcp_user_timeout on unacknowledged data.
+#: Client-side socket options, so they work through poolers too. A frozen server process
+#: whose kernel still answers is not noticed this way: that is the --max-runtime watchdog's.
+DEAD_PEER_TIMEOUT_DEFAULT = 10.0
+KEEPALIVE_COUNT = 3
+
+
+def keepalive_options(dead_peer_timeout: float) -> dict[str, Any]:
+    """libpq's keepalives, keepalives_idle/_interval/_count and tcp_user_timeout for a dead
+    peer noticed within about ``dead_peer_timeout`` seconds (0: the OS defaults, ~2 h)."""
+    if dead_peer_timeout <= 0:
+        return {}
+    idle = max(1, round(dead_peer_timeout * 0.4))
+    interval = max(1, round((dead_peer_timeout - idle) / KEEPALIVE_COUNT))
+    return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": interval,
+            "keepalives_count": KEEPALIVE_COUNT,
+            "tcp_user_timeout": int(dead_peer_timeout * 1000)}
+
+
+@functools.cache
+def warm_dumpers() -> None:
+    """Once a process, before its first connection: dump the kinds of parameters drainer's
+    statements send (lists of names and of numbers with NULLs, numbers, text). psycopg
+    builds each kind's dumper the first time (a list's quoting regex: about 0.5 ms), and
+    the first time was the run's first statement, inside the open (billed) session."""
+    tx = psycopg.adapt.Transformer()
+    for value in (["queue"], [None], [None, 1], 1, 1.5, "text", True):
+        tx.get_dumper(value, psycopg.adapt.PyFormat.AUTO).dump(value)
+
+
+def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[Any]:
+    """Open one autocommit connection with drainer's session settings.
+
+    Retries with exponential backoff (0.5 s, 1 s, 2 s, ...) while the server cannot be
+    reached: the first connection after a suspend may take seconds while the compute
+    resumes. Raises DatabaseUnavailable (exit 3) when every attempt failed.
+    """
+    kwargs: dict[str, Any] = {
+        "autocommit": True,
+        "connect_timeout": max(1, round(settings.connect_timeout)),
+        "application_name": settings.application_name if purpose == "work" else
+        f"{settings.application_name}-{purpose}",
+        **keepalive_options(settings.dead_peer_timeout),
+    }
+    if settings.session_options:
+        opts = []
+        for name, value in (
+            ("statement_timeout", settings.statement_timeout),
+            ("lock_timeout", settings.lock_timeout),
+            ("idle_in_transaction_session_timeout", settings.idle_in_transaction_timeout),
+        ):
+            opts.append(f"-c {name}={int(value * 1000)}")
+        kwargs["options"] = " ".join(opts)
+    dsn = settings.dsn
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)  # syntax only: no network
+    except psycopg.Error as exc:
+        # libpq quotes the word it choked on, which may be anything (even a password)
+        message = re.sub(r'(missing "=" after) "[^"]*"', r"\1 a word", one_line(exc))
+        raise ConfigError(f"invalid database URL: {message}") from None
+    warm_dumpers()
+    attempts = settings.connect_retries + 1
+    delay = 0.5
+    last: Exception | None = None
+    for attempt in range(1, attempts + 1):
+        started = time.monotonic()
+        try:
+            conn = psycopg.connect(dsn, **kwargs)
+        except psycopg.Error as exc:
+            last = exc
+            message = one_line(exc)
+            if _MALFORMED.search(message):
+                raise ConfigError(f"invalid database URL: {message}") from None
+            if settings.session_options and "unsupported startup parameter" in message.lower():
+                # a pooler (PgBouncer < 1.20: any 'options'; >= 1.20: a setting it does
+                # not track) refuses the timeouts drainer sends: retrying will not help
+                raise ConfigError(
+                    f"cannot connect: {message}; the server or pooler rejects the 'options' "
+                    "startup parameter: set DRAINER_SESSION_OPTIONS=false "
+                    "(--no-session-options) and set the timeouts on the role instead "
+                    "(ALTER ROLE ... SET statement_timeout = '60s', lock_timeout, "
+                    "idle_in_transaction_session_timeout)"
+                ) from None
+            if any(p in message.lower() for p in _PERMANENT):
+                raise DatabaseUnavailable(f"cannot connect: {message}") from None
+            if attempt < attempts:
+                logger.warning(
+                    "connect attempt %d/%d failed after %.1fs: %s; retrying in %.1fs",
+                    attempt, attempts, time.monotonic() - started, message, delay,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            continue
+        if not settings.prepared_statements:
+            conn.prepare_threshold = None
+        # a row the client cannot represent must not fail a whole claim or an ops command
+        register_safe_loaders(conn.adapters)
+        return conn
+    assert last is not None
+    raise DatabaseUnavailable(
+        f"database unreachable after {attempts} attempts: {one_line(last)}"
+    )
+
