@@ -165,13 +165,13 @@ def drains(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     import drainer.drain as drain_module
 
     built: list[Any] = []
-    real = drain_module._build
+    real = drain_module.build
 
     def build(*args: Any, **kw: Any) -> Any:
         built.append(real(*args, **kw))
         return built[-1]
 
-    monkeypatch.setattr(drain_module, "_build", build)
+    monkeypatch.setattr(drain_module, "build", build)
     return built
 
 

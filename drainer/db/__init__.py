@@ -8,11 +8,11 @@ from __future__ import annotations
 from drainer.db._pipeline import ClaimPipeline, sync_round_trip
 from drainer.db.connect import connect, keepalive_options
 from drainer.db.errors import one_line, prepared_statement_clash, timeout_kind
-from drainer.db.queries import Queries, first_claim_params, run_start_text
+from drainer.db.queries import Queries
 from drainer.db.rows import ClaimedRow, claim_order
 from drainer.db.statements import QUERIES, identifiers, regclass_literal
 
 __all__ = ["QUERIES", "ClaimPipeline", "ClaimedRow", "Queries", "claim_order", "connect",
-           "first_claim_params", "identifiers", "keepalive_options", "one_line",
-           "prepared_statement_clash", "regclass_literal", "run_start_text",
+           "identifiers", "keepalive_options", "one_line",
+           "prepared_statement_clash", "regclass_literal",
            "sync_round_trip", "timeout_kind"]

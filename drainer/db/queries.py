@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row
 
-from drainer.db.encoders import PLACEHOLDER, completion_params, counts
+from drainer.db.encoders import completion_params, counts
 from drainer.db.rows import ClaimedRow, claim_order, how_many_start
-from drainer.db.statements import QUERIES, Rendered, identifiers, regclass_literal
-from drainer.queue_limits import Control, Rate
+from drainer.db.statements import Rendered, identifiers, regclass_literal
+from drainer.queue_limits import Rate
 
 #: The longest snooze sent (seconds, about 9,500 years): run_at is kept under 9999-01-01
 #: by the statement; this only keeps the interval itself representable.
@@ -25,46 +23,7 @@ MAX_SNOOZE_S = 3e11
 RATE_LIMITED_COUNT_MAX = 1000
 
 
-def run_start_text(schema: str, table: str, queues: Sequence[str], latest: int,
-                   max_attempts: Sequence[int | None], finish: dict[str, Any],
-                   first: dict[str, Any] | None = None) -> str:
-    """run_start, the first claim (``first``: claim_first's parameters other than
-    ``queues``, ``table`` and ``latest``; None: not sent) and then finish_run (``if_idle``)
-    as the one Query :meth:`Queries.run_start_and_finish` sends, its values quoted by
-    psycopg's ``sql.Literal`` (as its ClientCursor would). Built before connecting:
-    rendering and quoting the two (with 300 queues, each list 9 times) took 1.5-2.7 ms,
-    inside the session it bills when done there."""
-    ids = identifiers(schema, table)
-    params = {"table": table, "queues": list(queues), "latest": latest,
-              "max_attempts": list(max_attempts),
-              **_finish_params(regclass_literal(schema, table), queues, if_idle=True,
-                               **finish),
-              **(first or {})}
-
-    def value(m: re.Match[str]) -> str:
-        if m.group(0) == "%%":
-            return "%"
-        return sql.Literal(params[m.group(1)]).as_string(None)
-
-    names = ("run_start", "claim_first", "finish_run") if first is not None \
-        else ("run_start", "finish_run")
-    return ";\n".join(PLACEHOLDER.sub(value, sql.SQL(QUERIES[name]).format(**ids).as_string(None))
-                       for name in names)
-
-
-def first_claim_params(queues: Sequence[str], eligible: Sequence[bool],
-                       leases: Sequence[float], batch_size: int, start_now: int,
-                       run_id: str) -> dict[str, Any]:
-    """claim_first's parameters (besides run_start's): for each served queue whether the
-    first claim may take it and its lease, the claim's size, how many start at once, the
-    run id recorded on the rows."""
-    assert len(eligible) == len(leases) == len(queues)
-    return {"eligible": list(eligible), "leases": [float(v) for v in leases],
-            "batch_size": batch_size, "start_now": how_many_start(start_now, batch_size),
-            "run_id": run_id}
-
-
-def _finish_params(regclass: str, queues: Sequence[str], *, archive_after: float,
+def finish_params(regclass: str, queues: Sequence[str], *, archive_after: float,
                    failed_retention: float, batch_size: int,
                    served: Sequence[str] | None = None, if_idle: bool = False,
                    if_drained: bool = False) -> dict[str, Any]:
@@ -72,6 +31,17 @@ def _finish_params(regclass: str, queues: Sequence[str], *, archive_after: float
             "failed_retention": failed_retention, "batch_size": batch_size,
             "regclass": regclass, "served": list(queues if served is None else served),
             "if_idle": if_idle, "if_drained": if_drained}
+
+
+def finish_row(cur: psycopg.Cursor[dict[str, Any]]) -> dict[str, Any] | None:
+    """finish_run's row (None: it did nothing, as with if_idle when there was work),
+    unserved_due as {queue: count}."""
+    row = cur.fetchone()
+    if row is None:
+        return None
+    out = dict(row)
+    out["unserved_due"] = counts(out.get("unserved_due"))
+    return out
 
 
 class Queries:
@@ -272,86 +242,6 @@ class Queries:
         cur = self._exec("reap_expired", {"queues": list(queues), "max_attempts": limits})
         return [(r[0], r[1], r[2]) for r in cur.fetchall()]
 
-    def run_start(self, queues: Sequence[str], latest: int,
-                  max_attempts: Sequence[int | None] | None = None
-                  ) -> tuple[int | None, list[tuple[int, str, int]], list[str], set[str],
-                             dict[str, Control]]:
-        """schema_version, reap_expired (only at version ``latest``; ``max_attempts`` as
-        there), due_queues, the paused queues and the operator's limits in one statement:
-        (version or None when the table is missing, reaped rows, due queues, paused queues,
-        {queue: Control} of the limited ones)."""
-        version, reaped, due, paused, controls, _ = \
-            self.run_start_and_finish(queues, latest, max_attempts)
-        return version, reaped, due, paused, controls
-
-    def run_start_and_finish(
-        self, queues: Sequence[str], latest: int,
-        max_attempts: Sequence[int | None] | None = None,
-        finish: dict[str, Any] | None = None, text: str | None = None,
-    ) -> tuple[int | None, list[tuple[int, str, int]], list[str], set[str],
-               dict[str, Control], dict[str, Any] | None]:
-        """:meth:`run_start`, and with ``finish`` (:meth:`finish_run`'s keyword arguments)
-        finish_run behind it in the same message, round trip and transaction: it does the
-        end of the run when run_start found nothing to claim, else nothing. The last item:
-        finish_run's result, or None when it did nothing (or was not sent).
-
-        The two go as one simple-protocol Query (psycopg's ClientCursor; the extended
-        protocol takes one statement a message; psycopg's pipeline would send them in one
-        round trip too, but a Sync more when its block ends, and it logs the error of the
-        first statement a second time), its text :func:`run_start_text`'s, ``text`` when
-        the caller built it before connecting."""
-        version, reaped, due, paused, controls, fin, _ = self.run_start_claim_and_finish(
-            queues, latest, max_attempts, finish, text=text)
-        return version, reaped, due, paused, controls, fin
-
-    def run_start_claim_and_finish(
-        self, queues: Sequence[str], latest: int,
-        max_attempts: Sequence[int | None] | None = None,
-        finish: dict[str, Any] | None = None, first: dict[str, Any] | None = None,
-        text: str | None = None,
-    ) -> tuple[int | None, list[tuple[int, str, int]], list[str], set[str],
-               dict[str, Control], dict[str, Any] | None, list[ClaimedRow]]:
-        """:meth:`run_start_and_finish` with, when ``first`` is given (and ``finish``:
-        :func:`first_claim_params`), the run's first claim (claim_first) between the two,
-        in the same Query: the last item is what it claimed (in claim order; none when the
-        first due queue may not be claimed so, or the table is not at ``latest``)."""
-        limits = list(max_attempts) if max_attempts is not None else [None] * len(queues)
-        fin: dict[str, Any] | None = None
-        claimed: list[ClaimedRow] = []
-        try:
-            if finish is None:
-                rows = self._exec("run_start", {"table": self.table, "queues": list(queues),
-                                                "latest": latest,
-                                                "max_attempts": limits}).fetchall()
-            else:
-                cur = psycopg.ClientCursor(self.conn)
-                cur.execute(text or run_start_text(self.schema, self.table, queues, latest,
-                                                   limits, finish, first))
-                rows = cur.fetchall()
-                if first is not None:
-                    cur.nextset()
-                    claimed = sorted((ClaimedRow(*r) for r in cur.fetchall()),
-                                     key=claim_order)
-                cur.nextset()
-                cur.row_factory = dict_row
-                fin = self._finish_row(cur)
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
-                psycopg.errors.UndefinedColumn):
-            if not self.conn.autocommit:
-                self.conn.rollback()
-            if finish is not None:  # they rolled back together: run_start alone, as before
-                return self.run_start_claim_and_finish(queues, latest, max_attempts)
-            # no jobs table, or one older than a table or column the statement reads (an
-            # upgrade without `drainer migrate`): say which version it is
-            return self.schema_version(), [], [], set(), {}, None, []
-        version = next((r[1] for r in rows if r[0] == "version"), None)
-        reaped = [(r[1], r[2], r[3]) for r in rows if r[0] == "reaped"]
-        due = [r[4] for r in sorted((r for r in rows if r[0] == "due"), key=lambda r: r[5])]
-        paused = {r[4] for r in rows if r[0] == "paused"}
-        controls = {r[4]: Control(r[1], None if r[3] is None else Rate(r[3], r[5] / 1e6))
-                    for r in rows if r[0] == "limit"}
-        return version, reaped, due, paused, controls, fin, claimed
-
     def archive_batch(self, status: str, older_than: float, batch_size: int,
                       move: bool) -> int:
         cur = self._exec("archive_move" if move else "archive_delete", {
@@ -383,10 +273,10 @@ class Queries:
         ``served`` defaults to ``queues``).
         """
         cur = self.conn.cursor(row_factory=dict_row)
-        cur.execute(self._sql["finish_run"], _finish_params(
+        cur.execute(self._sql["finish_run"], finish_params(
             self.regclass, queues, archive_after=archive_after,
             failed_retention=failed_retention, batch_size=batch_size, served=served))
-        out = self._finish_row(cur)
+        out = finish_row(cur)
         assert out is not None
         return out
 
@@ -401,22 +291,13 @@ class Queries:
         drained queues is due once the completions are in; else it does nothing (None)."""
         name = "delete_completed_many" if delete else "complete_many"
         params = {**completion_params(ids, fences, results, followups),
-                  **_finish_params(self.regclass, if_drained=True, **finish)}
+                  **finish_params(self.regclass, if_drained=True, **finish)}
         cur = psycopg.ClientCursor(self.conn)
         cur.execute(self._sql[name] + ";\n" + self._sql["finish_run"], params)
         written = {r[0] for r in cur.fetchall()}
         cur.nextset()
         cur.row_factory = dict_row
-        return written, self._finish_row(cur)
-
-    @staticmethod
-    def _finish_row(cur: psycopg.Cursor[dict[str, Any]]) -> dict[str, Any] | None:
-        row = cur.fetchone()
-        if row is None:  # if_idle, and the run had something to claim
-            return None
-        out = dict(row)
-        out["unserved_due"] = counts(out.get("unserved_due"))
-        return out
+        return written, finish_row(cur)
 
     def queue_seen(self, queue: str) -> bool:
         """Whether the table holds any job of ``queue``, of any status."""

@@ -1,214 +1,24 @@
-"""Calling handlers: sync and async, timeouts, errors as stored text, the handler threads.
+"""The jobs handed to handlers and not finished yet, and their outcomes.
 
 Nothing here touches the database: :class:`Handlers` takes jobs to run and hands back
-their :class:`Outcome`; the drain loop decides what to write. The loop uses only
-``start_many``, ``wait``, ``in_flight``, ``slots``, ``room``/``free``, ``take_back`` and
-``still_running``.
-
-Sync handlers run on ``concurrency`` threads; async handlers run as tasks on ONE
-long-lived event loop per drain (:class:`EventLoopThread`), ``concurrency`` of them in
-flight, so that a client made once (an ``httpx.AsyncClient``, an ``asyncio.Lock`` at module
-level) serves every job of the drain.
+their :class:`~drainer.drain.calls.Outcome`; the drain loop decides what to write. Sync
+handlers run on ``concurrency`` threads, async handlers as tasks on one long-lived event
+loop per drain (:mod:`drainer.drain.execute`), a job with a timeout on a thread of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import contextvars
-import json
 import queue as queue_mod
 import threading
 import time
-import traceback
-from collections import deque
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from drainer.registry import Job, Snooze, Task
+from drainer.drain.calls import DEFAULT_RESULT_MAX_BYTES, JobContext, Outcome, Running, call
+from drainer.drain.execute import EventLoopThread, HandlerThreads
 
 if TYPE_CHECKING:
-    from drainer.db import ClaimedRow
-
-#: Longest error text kept in last_error.
-MAX_ERROR_CHARS = 4000
-
-#: Largest handler result kept (its JSON text, in bytes): the ``result_max_bytes`` setting.
-DEFAULT_RESULT_MAX_BYTES = 64 * 1024
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What running one job came to. ``ok``: it succeeded; else ``error`` says why.
-
-    (New kinds of outcome, such as a snooze or a result, are new fields here and new
-    buffers in :mod:`drainer.drain.outcomes`.)
-    """
-
-    job: Job
-    task: Task
-    ok: bool
-    error: str | None = None
-    duration_s: float = 0.0
-    result: str | None = None
-    """What the handler returned, as JSON text (None: it returned None)."""
-    snooze: float | None = None
-    """The handler raised Snooze(seconds): back to queued, no attempt used."""
-    discard: bool = False
-    """The failure is one the task discards (``discard_on``/``retry_on``): failed at once."""
-    max_attempts: int | None = None
-    """Overrides the task's max_attempts for this failure (0: failed at once)."""
-
-
-@dataclass
-class Running:
-    """A claimed job from its claim to its outcome: its lease and its timeout."""
-
-    job: Job
-    task: Task
-    lease: float
-    started: float  # when it was claimed (time.monotonic())
-    timeout_at: float | None
-    lease_expires: float
-    lost: bool = False
-    done: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def make_running(task: Task, row: ClaimedRow, lease: float, timeout: float | None) -> Running:
-    """The job a handler gets for a claimed row, with its lease and timeout clocks.
-
-    (Recording when a handler starts is one more field here, set by :meth:`Handlers.start`.)
-    """
-    now = time.monotonic()
-    deadline = row.locked_until if timeout is None else (
-        datetime.now(timezone.utc) + timedelta(seconds=timeout))
-    job = Job(row.id, row.queue, row.payload, row.attempts,
-              task.max_attempts or row.max_attempts, deadline,
-              fence=row.attempts if row.fence is None else row.fence,
-              trace_context=row.trace_context)
-    return Running(job, task, lease, now, None if timeout is None else now + timeout,
-                   now + lease)
-
-
-def format_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
-    """``Type: message`` and the end of the traceback, as kept in last_error.
-
-    Never raises, and returns text PostgreSQL can store: an exception whose ``str()``
-    fails, a NUL byte or a lone surrogate in the message must not crash the run.
-    """
-    try:
-        message = str(exc)
-    except Exception:
-        message = f"<unprintable {type(exc).__name__}>"
-    head = f"{type(exc).__name__}: {message}".strip()
-    try:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    except Exception:
-        tb = ""
-    text = head + "\n" + tb
-    if len(text) > limit:
-        text = head[: limit // 2] + "\n...\n" + tb[-(limit // 2):]
-    return _storable(text)
-
-
-def _storable(text: str) -> str:
-    """``text`` without what a PostgreSQL text column refuses (NUL, invalid UTF-8)."""
-    text = text.replace("\x00", "\\x00")
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-_NO_CONTEXT: AbstractContextManager[None] = nullcontext()
-
-
-def _no_context(task: Task, job: Job) -> AbstractContextManager[Any]:
-    return _NO_CONTEXT
-
-
-#: What every handler call runs in: a context manager given the task and the job, whose
-#: value (when not None) is told how the handler ended (drainer.otel sets it to the job's
-#: span for a traced run).
-job_context: Callable[[Task, Job], AbstractContextManager[Any]] = _no_context
-
-
-def call(task: Task, job: Job, result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES) -> Outcome:
-    """Run one handler and catch whatever it raises."""
-    started = time.monotonic()
-    with job_context(task, job) as span:
-        outcome = _call_handler(task, job, result_max_bytes)
-        if span is not None:
-            span.ended(outcome.ok, outcome.error)
-    outcome.duration_s = round(time.monotonic() - started, 6)
-    return outcome
-
-
-def _call_handler(task: Task, job: Job, result_max_bytes: int) -> Outcome:
-    try:
-        if task.is_async:
-            coro = task.func(job)
-            if task.timeout is not None:
-                value = asyncio.run(asyncio.wait_for(coro, task.timeout))
-            else:
-                value = asyncio.run(coro)
-        else:
-            value = task.func(job)
-    except BaseException as exc:  # a handler may raise anything, SystemExit included
-        return raised(task, job, exc, task.timeout)
-    return returned(task, job, value, result_max_bytes)
-
-
-def raised(task: Task, job: Job, exc: BaseException, timeout: float | None) -> Outcome:
-    """The outcome of a handler that raised ``exc`` (Snooze, a timeout, anything else)."""
-    if isinstance(exc, Snooze):
-        return Outcome(job, task, False, str(exc), snooze=exc.seconds)
-    if isinstance(exc, asyncio.TimeoutError):
-        return Outcome(job, task, False, f"TimeoutError: handler exceeded its timeout of "
-                       f"{timeout}s")
-    if isinstance(exc, asyncio.CancelledError):
-        return Outcome(job, task, False, "CancelledError: handler cancelled")
-    return Outcome(job, task, False, format_error(exc), discard=task.discards(exc))
-
-
-def returned(task: Task, job: Job, value: Any, result_max_bytes: int) -> Outcome:
-    """The outcome of a handler that returned ``value`` (kept as the job's result)."""
-    if value is None:
-        return Outcome(job, task, True)
-    try:
-        result = result_json(value, result_max_bytes)
-    except ResultError as exc:
-        return Outcome(job, task, False, f"ResultError: {exc}")
-    return Outcome(job, task, True, result=result)
-
-
-class ResultError(ValueError):
-    """A handler's return value that cannot be kept: not JSON-serialisable, or too big."""
-
-
-def result_json(value: Any, max_bytes: int) -> str:
-    """A handler's return value as the JSON text kept in ``result``; ResultError if it
-    cannot be serialised or is larger than ``max_bytes``."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ResultError(f"the handler's return value is not JSON-serialisable ({exc}); "
-                          "return None, or a dict/list/str/number") from None
-    if "\\u0000" in text:
-        raise ResultError("the handler's return value contains a NUL character, which "
-                          "PostgreSQL's jsonb refuses") from None
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ResultError("the handler's return value has text that is not valid UTF-8 "
-                          "(a lone surrogate)") from None
-    if size > max_bytes:
-        raise ResultError(f"the handler's return value is {size} bytes of JSON, more than "
-                          f"result_max_bytes ({max_bytes}): store it elsewhere and return a "
-                          "reference") from None
-    return text
-
+    from drainer.registry import Task
 
 class Handlers:
     """The jobs handed to handlers and not finished yet (``running``), and their outcomes.
@@ -219,8 +29,9 @@ class Handlers:
     """
 
     def __init__(self, concurrency: int, batch_size: int, default_timeout: float | None,
-                 may_start: Callable[[], bool]) -> None:
+                 may_start: Callable[[], bool], context: JobContext | None = None) -> None:
         self.concurrency = concurrency
+        self.context = context  # what each handler call runs in (None: nothing)
         self.batch_size = batch_size
         self.default_timeout = default_timeout
         self.may_start = may_start
@@ -241,6 +52,16 @@ class Handlers:
         # `running` is still in flight
         return len(self.running)
 
+    def executing(self) -> int:
+        """Handlers executing now (read from another thread, the watchdog's: an estimate):
+        in flight, minus the outcomes not collected yet and the jobs queued to threads but
+        not started. A drain blocked on a silent database collects nothing: its finished
+        handlers do not count."""
+        pool, loop = self.pool, self.loop
+        queued = (0 if pool is None else len(pool.work)) + \
+            (0 if loop is None else len(loop.waiting))
+        return max(0, self.in_flight() - self.uncollected - queued)
+
     def slots(self, r: Running) -> int:
         """How many jobs may be in flight before ``r`` starts.
 
@@ -251,9 +72,6 @@ class Handlers:
             return self.concurrency  # a thread of its own, started at once
         return self.concurrency + (self.batch_size if self.concurrency == 1
                                    else self.concurrency)
-
-    def has_room(self, r: Running) -> bool:
-        return self.in_flight() < self.slots(r)
 
     def free(self, task: Task) -> int:
         """How many more jobs of ``task`` could be handed over now (a claim's size follows
@@ -289,7 +107,7 @@ class Handlers:
                 to_pool.append(r)
         if to_loop:
             if self.loop is None:
-                self.loop = EventLoopThread(self.concurrency, self.may_start)
+                self.loop = EventLoopThread(self.concurrency, self.may_start, self.context)
                 self.loop.result_max_bytes = self.result_max_bytes
             self.loop.submit_many(to_loop, self._put)
         if to_pool:
@@ -302,7 +120,7 @@ class Handlers:
 
     def _thread_main(self, r: Running) -> None:
         try:
-            outcome = call(r.task, r.job, self.result_max_bytes)
+            outcome = call(r.task, r.job, self.result_max_bytes, self.context)
         except BaseException as exc:  # a lost outcome would leave the drain waiting forever
             outcome = Outcome(r.job, r.task, False,
                               f"{type(exc).__name__} while running the handler")
@@ -407,264 +225,3 @@ class Handlers:
             self.pool.shutdown()
         if self.loop is not None:
             self.loop.shutdown()
-
-
-class EventLoopThread:
-    """One event loop on a daemon thread for the whole drain: async handlers run on it as
-    tasks (``asyncio.wait_for`` for their timeouts), at most ``limit`` at once, their
-    outcomes handed back through ``done``, those of one turn of the loop as one list, or
-    ``hand_back_at`` at a time in a long turn (1,000 tasks whose sleeps end together wake
-    the drain loop at most 8 times, the first after an eighth of them, not after the whole
-    turn, tens of ms later). Jobs handed over beyond the
-    limit wait here (queued ahead, as for the handler threads), start on the loop's thread
-    as soon as a task ends, and can be taken back on shutdown.
-    Like the handler threads it does not hold up the process's exit: a task still running
-    after the grace period is left to its lease."""
-
-    def __init__(self, limit: int, may_start: Callable[[], bool]) -> None:
-        self.limit = limit
-        self.may_start = may_start
-        self.result_max_bytes = DEFAULT_RESULT_MAX_BYTES  # the Handlers' (result_max_bytes)
-        self.active = 0
-        self.waiting: deque[tuple[Running, float | None]] = deque()
-        # outcomes of this turn of the loop, handed back together at its end (loop's thread)
-        self.ended: list[Outcome] = []
-        #: ended tasks handed back at once, within a turn (see :meth:`_ended`)
-        self.hand_back_at = max(64, limit // 8)
-        self.done: Callable[[list[Outcome]], None] = lambda outcomes: None
-        self.loop = asyncio.new_event_loop()
-        # the task of each Running (by id(): a job retried in the same drain is a new one),
-        # touched on the loop's thread only
-        self.tasks: dict[int, asyncio.Task[None]] = {}
-        # the context each task starts from (a copy a task): the submitting thread's, as
-        # captured at the last hand-over, never another job's (a task started in the place
-        # of one that ended is made in that one's context otherwise)
-        self.context = contextvars.copy_context()
-        self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._main, daemon=True,
-                                       name="drainer-event-loop")
-        self.thread.start()
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_forever()
-        finally:
-            with contextlib.suppress(Exception):
-                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
-
-    def submit(self, r: Running, timeout: float | None,
-               done: Callable[[list[Outcome]], None]) -> None:
-        """Run ``r``'s handler; ``done`` is given a list of outcomes (``r``'s among them)."""
-        self.submit_many([(r, timeout)], done)
-
-    def submit_many(self, jobs: list[tuple[Running, float | None]],
-                    done: Callable[[list[Outcome]], None]) -> None:
-        """Run the handlers of ``jobs`` (each with its timeout); ``done`` is given the
-        outcomes, a list at a time. Jobs handed over together wake the loop once."""
-        self.done = done
-        self.context = contextvars.copy_context()
-        with self.lock:
-            wake = not self.waiting and self.active < self.limit
-            self.waiting.extend(jobs)
-        if wake:
-            self.loop.call_soon_threadsafe(self._pump)
-
-    def _pump(self) -> None:
-        """Start waiting jobs while fewer than ``limit`` run (on the loop's thread)."""
-        while True:
-            with self.lock:
-                if not self.waiting or self.active >= self.limit or not self.may_start():
-                    return
-                n = min(len(self.waiting), self.limit - self.active)
-                starting = [self.waiting.popleft() for _ in range(n)]
-                self.active += n
-            for r, timeout in starting:
-                self._create(r, timeout)
-
-    def take_back(self) -> list[Running]:
-        with self.lock:
-            taken = [r for r, _ in self.waiting]
-            self.waiting.clear()
-        return taken
-
-    async def _run(self, r: Running, timeout: float | None) -> None:
-        """One job's task: its handler (as :func:`_run_async`, inlined: this runs for every
-        job), then :meth:`_ended`."""
-        task, job = r.task, r.job
-        started = time.monotonic()
-        try:
-            if job_context is _no_context and timeout is None:
-                # the common case without a context manager around it (no tracing, no
-                # timeout): the same outcomes as below, less interpreter work a job, on the
-                # thread every handler shares
-                try:
-                    value = await task.func(job)
-                except BaseException as exc:  # a handler may raise anything
-                    outcome = raised(task, job, exc, timeout)
-                else:
-                    outcome = Outcome(job, task, True) if value is None else \
-                        returned(task, job, value, self.result_max_bytes)
-            else:
-                with job_context(task, job) as span:
-                    try:
-                        coro = task.func(job)
-                        value = await (coro if timeout is None
-                                       else asyncio.wait_for(coro, timeout))
-                    except BaseException as exc:  # a handler may raise anything
-                        outcome = raised(task, job, exc, timeout)
-                    else:
-                        outcome = returned(task, job, value, self.result_max_bytes)
-                    if span is not None:
-                        span.ended(outcome.ok, outcome.error)
-        except BaseException as exc:  # a lost outcome would leave the drain waiting forever
-            outcome = Outcome(job, task, False, f"{type(exc).__name__} while running the "
-                              "handler")
-        outcome.duration_s = round(time.monotonic() - started, 6)
-        self._ended(r, outcome)
-
-    def _ended(self, r: Running, outcome: Outcome) -> None:
-        """``r``'s task is over (once: a task cancelled before it began is ended by
-        :meth:`cancel`'s callback): its outcome goes back with the others of this turn of
-        the loop, and a job waiting starts in its place."""
-        if self.tasks.pop(id(r), None) is None:
-            return
-        if not self.ended:
-            self.loop.call_soon(self._hand_back)
-        self.ended.append(outcome)
-        if len(self.ended) >= self.hand_back_at:
-            # a turn that ends hundreds of tasks takes tens of ms: hand back a share of the
-            # slots now, so the claim that refills them goes out while the turn goes on
-            self._hand_back()
-        with self.lock:
-            if not self.waiting or not self.may_start():
-                self.active -= 1
-                return
-            nxt, timeout = self.waiting.popleft()
-        self._create(nxt, timeout)
-
-    def _create(self, r: Running, timeout: float | None) -> None:
-        # Context.run: the task copies the hand-over's context (create_task(context=) is
-        # Python 3.11+ and would share one context among tasks)
-        # (asyncio.Task itself, as loop.create_task makes it when no task factory is set:
-        # one Python call less a job)
-        if self.loop.get_task_factory() is None:
-            task = self.context.run(asyncio.Task, self._run(r, timeout), loop=self.loop)
-        else:
-            task = self.context.run(self.loop.create_task, self._run(r, timeout))
-        self.tasks[id(r)] = task
-
-    def _hand_back(self) -> None:
-        """The outcomes of the tasks that ended in this turn of the loop, as one list."""
-        ended, self.ended = self.ended, []
-        if ended:
-            self.done(ended)
-
-    def cancel(self, r: Running) -> None:
-        """Cancel the task of ``r`` (abandoned past its timeout)."""
-        def cancel() -> None:
-            task = self.tasks.get(id(r))
-            if task is not None:
-                task.cancel()
-                task.add_done_callback(lambda _: self._ended(r, Outcome(
-                    r.job, r.task, False, "CancelledError: handler cancelled")))
-        if not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(cancel)
-
-    def shutdown(self) -> None:
-        """Stop the loop once its tasks are done; tasks still running are left to their
-        leases (the thread is a daemon)."""
-        async def drain() -> None:
-            while self.tasks:
-                await asyncio.sleep(0.05)
-            self.loop.stop()
-        if not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(drain()))
-
-
-async def _run_async(task: Task, job: Job, timeout: float | None,
-                     result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES) -> Outcome:
-    """One async handler on the drain's loop, its errors, timeout, snooze and result taken
-    like :func:`call`'s (and in the same job context: the span is current inside it)."""
-    started = time.monotonic()
-    with job_context(task, job) as span:
-        try:
-            coro = task.func(job)
-            if timeout is not None:
-                value = await asyncio.wait_for(coro, timeout)
-            else:
-                value = await coro
-        except BaseException as exc:  # a handler may raise anything, SystemExit included
-            outcome = raised(task, job, exc, timeout)
-        else:
-            outcome = returned(task, job, value, result_max_bytes)
-        if span is not None:
-            span.ended(outcome.ok, outcome.error)
-    outcome.duration_s = round(time.monotonic() - started, 6)
-    return outcome
-
-
-class HandlerThreads:
-    """N daemon threads running handlers, fed from a queue the drain loop can take back.
-
-    Daemon threads, unlike ThreadPoolExecutor's, do not hold up the process's exit: a
-    handler still running after the grace period is left to its lease, as promised.
-    Jobs queued but not picked up yet can be taken back and released on shutdown.
-    """
-
-    def __init__(self, n: int, target: Callable[[Running], None],
-                 may_start: Callable[[], bool]) -> None:
-        self.may_start = may_start
-        self.cond = threading.Condition()
-        self.work: deque[Running] = deque()
-        self.active = 0  # jobs taken from `work` whose handler has not returned
-        self.idle = threading.Event()  # set when nothing is queued or running
-        self.idle.set()
-        self.closed = False
-        self.target = target
-        self.threads = [threading.Thread(target=self._main, daemon=True,
-                                         name=f"drainer-handler-{i}") for i in range(n)]
-        for t in self.threads:
-            t.start()
-
-    def submit(self, r: Running) -> None:
-        self.submit_many([r])
-
-    def submit_many(self, rs: list[Running]) -> None:
-        with self.cond:
-            self.work.extend(rs)
-            self.idle.clear()
-            self.cond.notify(len(rs))
-
-    def take_back(self) -> list[Running]:
-        with self.cond:
-            taken = list(self.work)
-            self.work.clear()
-            if not self.active:
-                self.idle.set()
-        return taken
-
-    def _main(self) -> None:
-        while True:
-            with self.cond:
-                # after a stop, queued-ahead jobs stay put for take_back() to release
-                while (not self.work or not self.may_start()) and not self.closed:
-                    self.cond.wait(0.05 if self.work else None)
-                if not self.work:
-                    return
-                r = self.work.popleft()
-                self.active += 1
-            try:
-                self.target(r)
-            finally:
-                with self.cond:
-                    self.active -= 1
-                    if not self.work and not self.active:
-                        self.idle.set()
-
-    def shutdown(self) -> None:
-        with self.cond:
-            self.closed = True
-            self.work.clear()
-            self.cond.notify_all()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from drainer import db
-from drainer.drain.handlers import Running
+from drainer.drain.calls import Running
 from drainer.drain.report import job_extra
 from drainer.registry import Job
 
@@ -125,3 +125,8 @@ class Heartbeat(threading.Thread):
         if self.is_alive():
             self.join(timeout=5)
         self._close()
+
+
+def heartbeat_interval(leases: list[float]) -> float:
+    """How often the heartbeat looks at leases: a fraction of the shortest."""
+    return max(0.05, min(leases) * HEARTBEAT_FRACTION)

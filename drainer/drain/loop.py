@@ -4,7 +4,9 @@ Phases: CLAIMING (claims go out while jobs are due) -> DRAINED (a claim found no
 what is in hand) -> DONE; from either, a limit or a stop with handlers still running leads
 to STOPPING (release what did not start, give the running the grace period) -> DONE.
 Within a phase each :meth:`Drain.step` starts what may start, collects what finished,
-and sends the next claim ahead, reads one back, writes outcomes or claims in step.
+and sends the next claim ahead, reads one back, writes outcomes or claims in step. The loop
+decides which way outcomes and claims go; :mod:`.outcomes` writes, :mod:`.claims` claims,
+:mod:`.pace` says when concurrent handlers make a claim worth sending.
 """
 
 from __future__ import annotations
@@ -13,30 +15,29 @@ import enum
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-
-from drainer.db.loaders import UndecodablePayload
-from drainer.drain.claims import Batch, BatchClock, Claims
-from drainer.drain.handlers import Handlers, Running, make_running
-from drainer.drain.leases import HEARTBEAT_FRACTION, Heartbeat
+from drainer.drain.claims import Batch, Claims
+from drainer.drain.clock import BatchClock
+from drainer.drain.handlers import Handlers
 from drainer.drain.limits import Limits, record
-from drainer.drain.outcomes import Outcomes, undecodable
-from drainer.drain.report import RunReport, job_extra
+from drainer.drain.outcomes import Outcomes
+from drainer.drain.pace import Pace
+from drainer.drain.pending import Pending
+from drainer.drain.report import Progress, RunReport, job_extra
 from drainer.drain.statements import Statements
-from drainer.registry import Job, Task
+from drainer.drain.tail import Tail
 
 if TYPE_CHECKING:
+    from drainer.db.rows import ClaimedRow
+    from drainer.drain.calls import Running
+    from drainer.drain.leases import Heartbeat
+    from drainer.drain.start import Plan
     from drainer.maintenance.vacuum import BetweenBatches
+    from drainer.registry import Job, Task
 
 logger = logging.getLogger("drainer.drain")
-
-#: With a progress line (a terminal), remaining due jobs are counted at most this often.
-PROGRESS_DUE_INTERVAL_S = 1.0
 
 
 class Phase(enum.Enum):
@@ -66,19 +67,29 @@ class Drain:
         self.batch_size = batch_size
         self.grace = grace
         self.hurry = hurry
-        self.lease = lease
         self.heartbeat = heartbeat
         self.on_close = on_close  # at the end of the loop (the transaction connection)
-        self.progress = None if progress is None else _Progress(progress, statements, report)
+        self.progress = None if progress is None else Progress(progress, statements, report)
         self.phase = Phase.CLAIMING
-        self.retry_linger = 0.0  # seconds to wait in the tail for a retry due that soon
-        self.pending: deque[Running] = deque()  # claimed, not handed to a handler yet
+        self.tail = Tail(claims, outcomes.tally, limits, report)
+        self.pending = Pending(handlers, outcomes, lease, self._extend_one)
+        self.pace = Pace(handlers, claims, outcomes, self.pending, batch_size)
         self.clock: BatchClock = claims.clock
         #: finish_run's keyword arguments (queues included): the completions of a drain
         #: whose last claim came back short go with the end of the run (see
         #: :meth:`_may_finish`); None: the run's end is its own statement (run_once's).
         self.finish: dict[str, Any] | None = None
         self.fin: dict[str, Any] | None = None  # finish_run's result, when it went so
+
+    def begin(self, due: list[str], plan: Plan, claimed: list[ClaimedRow]) -> None:
+        """What the run's first Query found: the due queues, and the jobs of the first
+        claim (waiting to start, their leases the heartbeat's from now on); the completions
+        may go with the run's end when the Query could carry it."""
+        self.claims.known_due(due)
+        if plan.finish is not None:
+            self.finish = {**plan.finish, "queues": self.report.queues}
+        if claimed:
+            self.pending.take(self.claims.claimed_first(claimed, plan.first_size))
 
     def leases(self) -> list[Running]:
         """The jobs whose leases are ours to extend: running, or waiting to start."""
@@ -96,7 +107,7 @@ class Drain:
                     self.step()
         finally:
             try:
-                self._take(self.claims.settle())  # only after an error: nothing else is left
+                self.pending.take(self._settle())  # only after an error: nothing else left
                 self.outcomes.write()
                 self._show_progress()
             finally:
@@ -108,11 +119,11 @@ class Drain:
 
     def step(self) -> None:
         """One turn of the loop while CLAIMING or DRAINED."""
-        if self.clock.wants_probe() and not self.claims.ahead \
+        if self.clock.wants_probe() and not self.outcomes.ahead \
                 and not self.handlers.in_flight():
             self.claims.time_link()  # nothing else runs now: a Sync alone is timed alone
         limit = self._check_limits()
-        if limit is None and self._claim_due():
+        if limit is None and self.pace.claim_due(self.phase is Phase.CLAIMING):
             # the successes buffered so far go with the claim (one round trip, not two)
             self._claim(with_successes=self.claims.can_combine() and not self._vacuum_due())
         if self.limits.must_release():
@@ -121,7 +132,7 @@ class Drain:
             self._release(take_back=True)
         self._hand_over()
         idle = self._collect_finished()
-        if self.claims.ahead and self._read_ahead(idle):
+        if self.outcomes.ahead and self._read_ahead(idle):
             return
         if self._write_or_claim(idle):
             return
@@ -129,96 +140,24 @@ class Drain:
         if self.pending or busy:
             if busy and (self.limits.must_release() or (limit is not None and not self.pending)):
                 self.phase = Phase.STOPPING
-        elif limit is None and self.phase is Phase.DRAINED and self._again():
+        elif limit is None and self.phase is Phase.DRAINED and self.tail.again():
             self.phase = Phase.CLAIMING
         elif self.phase is Phase.DRAINED or limit is not None:
             self.phase = Phase.DONE
 
-    def _claim_due(self) -> bool:
-        """Whether the next in-step claim goes out now: while claiming, nothing claimed waits
-        to start and no claim is in flight; with concurrent handlers, once a share of their
-        slots is free (see :meth:`_refill_at`) or none is busy."""
-        if self.phase is not Phase.CLAIMING or self.pending or self.claims.ahead:
-            return False
-        h = self.handlers
-        return not self._refilling() or not h.in_flight() or h.room() >= self._refill_at()
-
-    def _refilling(self) -> bool:
-        """Claims wait for a share of free slots (:meth:`_refill_at`): concurrent handlers
-        on a queue whose claims carry completions (not transaction mode, max_running or
-        rate_limit: those claim in step, sized to the free handlers, as before)."""
-        return self.handlers.concurrency > 1 and self.claims._may_combine(self.claims.cursor)
-
-    def _refill_at(self) -> int:
-        """Concurrent handlers: free slots (of ``concurrency`` handlers and as many jobs
-        queued ahead of them) that make a claim worth sending: a quarter of the handlers, at
-        least a batch, at most all of them. The jobs queued ahead keep the handlers busy
-        while it is out, and the successes of those freed go with it (one statement, one
-        round trip and one commit for hundreds of jobs at --concurrency 1000, not one for
-        every few)."""
-        c = self.handlers.concurrency
-        return min(c, max(self.batch_size, c // 4))
-
     def _holding(self) -> bool:
-        """Concurrent handlers while claiming: the buffered outcomes wait for the next claim
-        (:meth:`_claim_due`), which writes them in the same statement."""
-        return (self.handlers.concurrency > 1 and self.phase is Phase.CLAIMING
-                and not self.pending and not self.claims.ahead
-                and bool(self.handlers.in_flight()) and self.claims.can_combine()
-                and not self._vacuum_due() and self._check_limits() is None)
-
-    def _again(self) -> bool:
-        """Before exiting: claim again when follow-ups due now were just inserted (the
-        statement that inserted them could not claim them), when a rate-limited queue's
-        window has room again, or when a retry or snooze of this drain, or the next slot of
-        a rate-limited queue, is due within retry_linger seconds (waited for here: the
-        compute is up anyway, the next wake would cost a resume)."""
-        if self.outcomes.followups_due:
-            self.outcomes.followups_due = False
-            return True
-        if self.claims.freed_capped_slots():
-            return True
-        now = datetime.now(timezone.utc)
-        if self.claims.rate_slot_open(now):  # a rate window has room again by now
-            return True
-        if self.retry_linger <= 0:
-            return False
-        # a retry or snooze of this drain, or the next slot of a rate-limited queue it left
-        # due jobs on, whichever comes first
-        due = min((t for t in (self.outcomes.next_retry_at(now),
-                               self.claims.next_rate_slot(now)) if t is not None),
-                  default=None)
-        if due is None:
-            return False
-        wait = (due - now).total_seconds()
-        if wait > self.retry_linger:
-            return False
-        if self.limits.deadline is not None and \
-                time.monotonic() + max(wait, 0) >= self.limits.deadline:
-            return False
-        if wait > 0:
-            started = time.monotonic()
-            self.limits.stop.wait(wait + 0.01)
-            self.report.lingered_s = round(self.report.lingered_s
-                                           + time.monotonic() - started, 6)
-        return not self.limits.stop.is_set()
+        return self.pace.holding(self.phase is Phase.CLAIMING) and not self._vacuum_due() \
+            and self._check_limits() is None
 
     def _hand_over(self) -> None:
         """Start what may start; once the batch is (nearly) handed over, claim the next ahead."""
-        starting: list[Running] = []
-        busy = self.handlers.in_flight()
-        pending, slots = self.pending, self.handlers.slots
-        while pending and busy + len(starting) < slots(pending[0]):
-            starting.append(pending.popleft())
-        if starting:
-            self.clock.start(time.monotonic(), len(starting))
-            self.handlers.start_many(starting)
+        self.pending.start(self.clock)
         # as many as the claims' window allows (see Claims.size: one, or more when the
         # round trip is long for the handlers' speed), once what waits to start runs out
         # within two round trips (sequential handlers take a large batch a few at a time)
         while self.clock.runs_out(len(self.pending)) and self.handlers.in_flight() \
                 and self._may_send_ahead():
-            self.claims.send_ahead()
+            self.outcomes.send_ahead(self.claims.next(ahead=True))
 
     def _read_ahead(self, idle: bool) -> bool:
         """With claims in flight: read one once the batch in hand is done (True: this step
@@ -228,13 +167,13 @@ class Drain:
                 return True
             # a slow batch: take the jobs claimed ahead out of the socket, where the
             # heartbeat could not extend their leases
-            self._take(self.claims.settle())
+            self.pending.take(self._settle())
             return False
         # the batch in hand is done and the next was claimed while it ran: send its
         # successes (with another claim), then take the next batch
         if self._may_send_ahead():
-            self.claims.send_ahead()
-        self._take(self.claims.receive())
+            self.outcomes.send_ahead(self.claims.next(ahead=True))
+        self.pending.take(self.claims.after_ahead(*self.outcomes.receive()))
         self._show_progress()
         return True
 
@@ -270,40 +209,22 @@ class Drain:
         the outcomes are successes only, with no follow-ups (a retry, a snooze or a
         follow-up may be due again within the run: those take the loop's path)."""
         o = self.outcomes
-        return (self.finish is not None and not self.claims.ahead and not self.pending
+        return (self.finish is not None and not o.ahead and not self.pending
                 and not self.claims.last_full and self.claims.due is not None
                 and not self.claims.due and bool(o.ok) and not o.failed and not o.snoozed
-                and not o.followups_due and not any(x.job.followups for x in o.ok)
+                and not o.tally.followups_due and not any(x.job.followups for x in o.ok)
                 and not self._vacuum_due() and self._check_limits() is None)
 
     def _finish(self) -> None:
         """The successes and finish_run (if_drained) in one statement: DONE when it ran
         (nothing due), else the loop claims on (finish_run goes again at the end)."""
         assert self.finish is not None
-        buf = self.outcomes.take_successes()
-        try:
-            written, self.fin = self.q.complete_many_and_finish(
-                [x.job.id for x in buf], [x.job.fence for x in buf], self.finish,
-                delete=self.outcomes.delete, **self.outcomes.completion(buf))
-        except psycopg.errors.DeadlockDetected as exc:
-            # it rolled back whole (the archive's deletes met another drainer's): the
-            # successes alone, and finish_run at the end of the run, as before
-            logger.warning("completions with the end of the run deadlocked, writing them "
-                           "alone: %s", exc, extra={"run_id": self.report.run_id})
+        went, self.fin = self.outcomes.with_finish(self.finish)
+        if not went:  # written alone: finish_run is the run's own statement at its end
             self.finish = None
-            self.outcomes.put_back(buf)
-            self.outcomes.write()
-            self._show_progress()
-            return
-        self.outcomes.written(buf, written)
         self._show_progress()
         if self.fin is not None:
             self.phase = Phase.DONE
-
-    def take_first(self, batch: Batch) -> None:
-        """The jobs of the run's first claim (sent with run_start): waiting to start, their
-        leases the heartbeat's from now on."""
-        self._take(batch)
 
     def stop(self) -> None:
         """Release what did not start, give running handlers the grace period, then leave
@@ -341,24 +262,31 @@ class Drain:
                 and self._check_limits() is None)
 
     def _claim(self, *, with_successes: bool = False) -> None:
-        batch, progressed = self.claims.claim(with_successes=with_successes)
-        self._take(batch)
+        batch: Batch
+        if with_successes and self.claims.can_combine():
+            claim = self.claims.next()
+            if claim.size <= 0:  # --max-jobs reached
+                self.outcomes.write()
+                batch, progressed = [], False
+            else:
+                rows = self.outcomes.with_claim(claim)
+                batch, progressed = self.claims.after_combined(claim, rows)
+        else:
+            batch, progressed = self.claims.claim()
+        self.pending.take(batch)
         if with_successes:
             self._show_progress()
         if not progressed:
             self.phase = Phase.DRAINED
 
-    def _take(self, batch: Batch) -> None:
-        extend, pending = self._extend_one, self.pending
-        for task, row in batch:
-            r = make_running(task, row, self.lease(task), self.handlers.timeout(task))
-            if isinstance(row.payload, UndecodablePayload):
-                poison = undecodable(r)
-                if poison is not None:
-                    self.outcomes.add(poison)  # failed at once; the rest of the batch runs
-                    continue
-            r.job._extend = extend
-            pending.append(r)
+    def _settle(self) -> Batch:
+        """Read every claim in flight (so that the connection can run another statement)
+        and count them; an error is raised once all are counted."""
+        read, error = self.outcomes.settle()
+        batch = [pair for claim, rows in read for pair in self.claims.after_ahead(claim, rows)]
+        if error is not None:
+            raise error
+        return batch
 
     def _extend_one(self, job: Job, seconds: float | None) -> bool:
         if self.heartbeat is None:
@@ -371,29 +299,18 @@ class Drain:
         """Buffer the outcomes of finished handlers (waiting a little when nothing else can
         start); True when the batch in hand is done (nothing waiting, nothing running)."""
         busy = self.handlers.in_flight()
-        full = not self.pending or busy >= self.handlers.slots(self.pending[0])
+        full = self.pending.full()
+        claiming = self.phase is Phase.CLAIMING
         if busy and full and self.handlers.wait_sequential(0.05):
             self._collect(0)
-        elif busy and full and not (self._refilling() and self._claim_due()):
-            self._collect(0.05, self._wanted(busy))
+        elif busy and full and not (self.pace.refilling() and self.pace.claim_due(claiming)):
+            self._collect(0.05, self.pace.wanted(busy, claiming, self.phase is Phase.DRAINED))
         else:
             self._collect(0)
         idle = not self.pending and not self.handlers.in_flight()
         if idle:
             self.clock.finish(time.monotonic())
         return idle
-
-    def _wanted(self, busy: int) -> int:
-        """How many outcomes to wait for (up to 50 ms) before the next step has work to do:
-        with concurrent handlers, those that make a claim due, or in the drained tail a
-        share of what runs; else the first."""
-        if not self._refilling():
-            return 1
-        if self.phase is Phase.CLAIMING and not self.pending and not self.claims.ahead:
-            return max(1, self._refill_at() - self.handlers.room())
-        if self.phase is Phase.DRAINED:
-            return max(1, min(busy, self._refill_at()))
-        return 1
 
     def _collect(self, block_for: float, want: int = 1) -> None:
         for outcome, r in self.handlers.wait(block_for, want):
@@ -402,45 +319,9 @@ class Drain:
     def _release(self, take_back: bool) -> None:
         """Give back the claimed jobs that did not start (with ``take_back``, also those
         queued to handler threads but not picked up yet), without using up an attempt."""
-        self._take(self.claims.settle())
-        jobs = list(self.pending)
-        self.pending.clear()
-        if take_back:
-            jobs.extend(self.handlers.take_back())
-        if not jobs:
-            return
-        released = self.q.release_many([r.job.id for r in jobs], [r.job.fence for r in jobs])
-        self.report.released += len(released)
-        logger.info("released %d claimed jobs that had not started", len(released),
-                    extra={"run_id": self.report.run_id})
+        self.pending.take(self._settle())
+        self.pending.release(self.q, self.report, take_back=take_back)
 
     def _show_progress(self) -> None:
         if self.progress is not None:
-            self.progress.show(may_count=not self.claims.ahead)
-
-class _Progress:
-    """The progress line (a terminal only), with a fresh due count at most each second."""
-
-    def __init__(self, draw: Callable[[RunReport], None], statements: Statements,
-                 report: RunReport) -> None:
-        self.draw = draw
-        self.q = statements
-        self.report = report
-        self.checked = time.monotonic()
-        self.base: tuple[int, int] | None = None  # due jobs counted, claimed by then
-
-    def show(self, *, may_count: bool) -> None:
-        """Redraw; ``may_count``: the connection is free for a count (no claims ahead)."""
-        now = time.monotonic()
-        if now - self.checked >= PROGRESS_DUE_INTERVAL_S and may_count:
-            self.checked = now
-            self.base = self.q.queue_summary(self.report.queues)[0], self.report.claimed
-        if self.base is not None:  # between counts: minus what was claimed since
-            due, claimed = self.base
-            self.report.remaining_due = max(0, due - (self.report.claimed - claimed))
-        self.draw(self.report)
-
-
-def heartbeat_interval(leases: list[float]) -> float:
-    """How often the heartbeat looks at leases: a fraction of the shortest."""
-    return max(0.05, min(leases) * HEARTBEAT_FRACTION)
+            self.progress.show(may_count=not self.outcomes.ahead)

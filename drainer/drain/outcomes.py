@@ -1,28 +1,51 @@
-"""Outcomes on their way to the table: buffered, written fenced in one statement per kind,
-counted in the run report, logged one line per job."""
+"""Outcomes on their way to the table: the only writer of outcomes.
+
+Finished jobs are buffered by kind (successes, failures, snoozes) and leave in one
+fenced statement per kind, by one of five ways:
+
+- alone (:meth:`Outcomes.write`);
+- with the next claim, in one statement (:meth:`Outcomes.with_claim`:
+  ``complete_many_and_claim``, one round trip and one commit a batch);
+- ahead in the pipeline, the same statement sent while the batch in hand runs and read
+  later (:meth:`Outcomes.send_ahead`, :meth:`Outcomes.receive`, :meth:`Outcomes.settle`);
+- with the end of the run (:meth:`Outcomes.with_finish`: ``finish_run`` behind them);
+- inside a transaction-mode task's transaction (:meth:`Outcomes.in_transaction`).
+
+A statement that carries successes with something else rolls back whole on a deadlock
+(another drainer's claim or archive met it): :meth:`Outcomes._deadlocked` is the one
+fallback, which puts them back to be written again. What was written is counted by
+:class:`~drainer.drain.tally.Tally`.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+
+from drainer.db.errors import one_line
 from drainer.db.loaders import UndecodablePayload
-from drainer.drain.handlers import Outcome, Running
-from drainer.drain.report import RunReport, job_extra
-from drainer.drain.statements import Statements
-from drainer.registry import Job
+from drainer.drain.calls import Outcome, Running
+from drainer.drain.clock import BatchClock
+from drainer.drain.tally import Tally
 
 if TYPE_CHECKING:
+    from drainer.db.rows import ClaimedRow
+    from drainer.drain.claims import Claim
+    from drainer.drain.report import RunReport
+    from drainer.drain.statements import Pipeline, Statements
     from drainer.registry import Task
+
+logger = logging.getLogger("drainer.drain")
 
 #: A follow-up's max_attempts when neither it nor its queue's task sets one (the column's
 #: default, as enqueue's).
 DEFAULT_MAX_ATTEMPTS = 5
-
-logger = logging.getLogger("drainer.drain")
 
 
 def undecodable(r: Running) -> Outcome | None:
@@ -35,32 +58,55 @@ def undecodable(r: Running) -> Outcome | None:
                    max_attempts=0)
 
 
-class Outcomes:
-    """Buffers of finished jobs (successes, failures) and their fenced writes.
+@dataclass
+class _Ahead:
+    """A completion and claim in flight in the pipeline."""
 
-    Successes may also leave with the next claim (:mod:`drainer.drain.claims` takes them
-    with :meth:`take_successes` and hands back what was written to :meth:`written`).
-    """
+    successes: list[Outcome]
+    claim: Claim
+    sent: float  # time.monotonic() when it went out
+
+
+class Outcomes:
+    """The buffered outcomes of one run and every statement that writes them."""
 
     def __init__(self, statements: Statements, report: RunReport, *, delete: bool,
-                 retry_base: float, retry_cap: float) -> None:
+                 retry_base: float, retry_cap: float, pipeline: Pipeline | None = None,
+                 clock: BatchClock | None = None) -> None:
         self.q = statements
         self.report = report
-        self.delete = delete
+        self.delete = delete  # delete-on-complete: successes delete their rows
         self.retry_base = retry_base
         self.retry_cap = retry_cap
+        self.pipeline = pipeline
+        self.clock = clock or BatchClock()  # round trips of what goes with a claim
+        self.tally = Tally(report)
         self.ok: list[Outcome] = []
         self.failed: list[Outcome] = []
-        #: Told each job's outcome (succeeded, retried, failed, lost) once it is known:
-        #: the job's OpenTelemetry span ends then (drainer.otel).
-        self.on_outcome: Callable[[Job, str], None] | None = None
         self.snoozed: list[Outcome] = []
         self.tasks: dict[str, Task] = {}  # the registry's: follow-ups' default max_attempts
-        self.followups_due = False  # follow-ups due now on our queues were inserted
-        self.retry_times: list[datetime] = []  # run_at of this drain's retries and snoozes
+        self.ahead: list[_Ahead] = []  # in flight in the pipeline, oldest first
 
     def __len__(self) -> int:
         return len(self.ok) + len(self.failed) + len(self.snoozed)
+
+    # -- the buffers ----------------------------------------------------------------------------
+    def add(self, outcome: Outcome, *, lost: bool = False) -> None:
+        """Buffer a finished job's outcome; ``lost``: its lease was lost, nothing to write."""
+        if lost:
+            self.tally.lost_lease(outcome)
+        elif outcome.snooze is not None:
+            self.snoozed.append(outcome)
+        else:
+            (self.ok if outcome.ok else self.failed).append(outcome)
+
+    def take_successes(self) -> list[Outcome]:
+        buf, self.ok = self.ok, []
+        return buf
+
+    def put_back(self, successes: list[Outcome]) -> None:
+        """Successes whose statement rolled back: written again later, first."""
+        self.ok = successes + self.ok
 
     def completion(self, buf: Sequence[Outcome]) -> dict[str, Any]:
         """The results and follow-ups of successes, as the completion statements take them
@@ -77,70 +123,28 @@ class Outcomes:
                 task.attempts_limit is not None else DEFAULT_MAX_ATTEMPTS
         return out
 
-    def add(self, outcome: Outcome, *, lost: bool = False) -> None:
-        """Buffer a finished job's outcome; ``lost``: its lease was lost, nothing to write."""
-        if lost:
-            self.report.lost += 1
-            if self.on_outcome is not None:
-                self.on_outcome(outcome.job, "lost")
-            logger.warning("job %d finished after its lease was lost: outcome not written",
-                           outcome.job.id, extra=job_extra(
-                               self.report.run_id, outcome.job, outcome="lost",
-                               duration_s=outcome.duration_s))
-            return
-        if outcome.snooze is not None:
-            self.snoozed.append(outcome)
-            return
-        (self.ok if outcome.ok else self.failed).append(outcome)
-
-    def take_successes(self) -> list[Outcome]:
-        """The buffered successes, to be written by the caller (see :meth:`written`)."""
-        buf, self.ok = self.ok, []
-        return buf
-
-    def put_back(self, successes: list[Outcome]) -> None:
-        """Successes whose statement rolled back: written again later, first."""
-        self.ok = successes + self.ok
-
+    # -- alone ----------------------------------------------------------------------------------
     def write(self) -> None:
         """Write every buffered outcome, fenced, one statement per kind."""
         if self.ok:
             buf = self.take_successes()
-            self.written(buf, self.q.complete_many(
+            self.tally.succeeded(buf, self.q.complete_many(
                 [o.job.id for o in buf], [o.job.fence for o in buf], delete=self.delete,
                 **self.completion(buf)))
         self.write_failures()
 
-    def written(self, buf: Sequence[Outcome], ids: set[int]) -> None:
-        """Count (and at debug level log) the successes written; the rest were lost."""
-        self.report.succeeded += len(ids)
-        if self.on_outcome is not None:
-            for o in buf:
-                if o.job.id in ids:
-                    self.on_outcome(o.job, "succeeded")
-        now = datetime.now(timezone.utc)
-        for o in buf:
-            if o.job.followups and o.job.id in ids:
-                self.report.followups += len(o.job.followups)
-                if any(f.queue in self.report.queues and (f.run_at is None or f.run_at <= now)
-                       for f in o.job.followups):
-                    self.followups_due = True
-        if logger.isEnabledFor(logging.DEBUG):
-            for o in buf:
-                if o.job.id in ids:
-                    logger.debug("job %d succeeded", o.job.id, extra=job_extra(
-                        self.report.run_id, o.job, outcome="succeeded",
-                        duration_s=o.duration_s))
-        self._count_lost(buf, ids)
-
     def write_failures(self) -> None:
         """Write the buffered snoozes and failures: a retry later, or failed for good."""
-        self.write_snoozes()
+        if self.snoozed:
+            buf, self.snoozed = self.snoozed, []
+            self.tally.snoozed(buf, self.q.snooze_many(
+                [o.job.id for o in buf], [o.job.fence for o in buf],
+                [o.snooze or 0.0 for o in buf]))
         if not self.failed:
             return
         buf, self.failed = self.failed, []
         policies = [o.task.retry for o in buf]
-        rows = self.q.fail_many(
+        self.tally.failed(buf, self.q.fail_many(
             [o.job.id for o in buf], [o.job.fence for o in buf],
             [o.error or "unknown error" for o in buf],
             [0 if o.discard else o.task.attempts_limit if o.max_attempts is None
@@ -148,68 +152,117 @@ class Outcomes:
             self.retry_base, self.retry_cap,
             bases=[None if p is None else p.base for p in policies],
             caps=[None if p is None else p.cap for p in policies],
-            jitters=[0.0 if p is None else p.jitter for p in policies])
-        by_id = {o.job.id: o for o in buf}
-        for job_id, status, run_at in rows:
-            o = by_id[job_id]
-            if status == "failed":
-                self.report.failed += 1
-                if o.discard:
-                    self.report.discarded += 1
+            jitters=[0.0 if p is None else p.jitter for p in policies]))
+
+    # -- with the next claim --------------------------------------------------------------------
+    def with_claim(self, claim: Claim) -> list[ClaimedRow] | None:
+        """The failures alone, then the successes and ``claim`` in one statement: the rows
+        claimed; None when it deadlocked (the successes were written alone then)."""
+        self.write_failures()
+        buf = self.take_successes()
+        try:
+            sent = time.monotonic()
+            written, rows = self.q.complete_many_and_claim(
+                [o.job.id for o in buf], [o.job.fence for o in buf], claim.task.queue,
+                claim.size, claim.lease, start_now=claim.start_now, run_id=claim.run_id,
+                **self.completion(buf))
+            self.clock.round_trip(time.monotonic() - sent)
+        except psycopg.errors.DeadlockDetected as exc:
+            self._deadlocked(buf, exc, "combined completion and claim", again=True)
+            return None
+        self.tally.succeeded(buf, written)
+        return rows
+
+    # -- ahead in the pipeline ------------------------------------------------------------------
+    def send_ahead(self, claim: Claim) -> None:
+        """The buffered successes and ``claim`` in one statement, not waited for."""
+        assert self.pipeline is not None
+        buf = self.take_successes()
+        self.pipeline.send([o.job.id for o in buf], [o.job.fence for o in buf],
+                           claim.task.queue, claim.size, claim.lease, claim.start_now,
+                           claim.run_id, *self.completion(buf).values())
+        self.ahead.append(_Ahead(buf, claim, time.monotonic()))
+
+    def receive(self) -> tuple[Claim, list[ClaimedRow] | None]:
+        """The oldest statement in flight: its claim and the rows it claimed (None: it
+        deadlocked, nothing written nor claimed; the successes go again later)."""
+        assert self.pipeline is not None
+        sent = self.ahead.pop(0)
+        try:
+            waited = time.monotonic()
+            written, rows = self.pipeline.receive()
+            now = time.monotonic()
+            # a round trip when the read mostly waited for the server (not when the result
+            # was back already and the time in flight was the batch in hand running)
+            if now - waited >= (now - sent.sent) / 2:
+                self.clock.round_trip(now - sent.sent)
+        except psycopg.errors.DeadlockDetected as exc:
+            self._deadlocked(sent.successes, exc, "pipelined completion and claim")
+            return sent.claim, None
+        self.tally.succeeded(sent.successes, written)
+        return sent.claim, rows
+
+    def settle(self) -> tuple[list[tuple[Claim, list[ClaimedRow] | None]], BaseException | None]:
+        """Read every statement in flight, so that the connection can run another: each
+        claim with its rows (None: deadlocked), and the first other error, for the caller
+        to raise once the claims are counted."""
+        if not self.ahead:
+            return [], None
+        assert self.pipeline is not None
+        sent, self.ahead = self.ahead, []
+        out: list[tuple[Claim, list[ClaimedRow] | None]] = []
+        error: BaseException | None = None
+        for ahead, result in zip(sent, self.pipeline.close(), strict=True):
+            if isinstance(result, psycopg.errors.DeadlockDetected):
+                self._deadlocked(ahead.successes, result, "pipelined completion and claim")
+                out.append((ahead.claim, None))
+            elif isinstance(result, BaseException):
+                error = error or result
             else:
-                self.report.retried += 1
-                self._due(run_at)
-            if self.on_outcome is not None:
-                self.on_outcome(o.job, "failed" if status == "failed" else "retried")
-            first = (o.error or "").split("\n", 1)[0]
-            logger.info("job %d failed (attempt %d/%d): %s; %s", job_id, o.job.attempt,
-                        o.job.max_attempts, first,
-                        "failed for good" if status == "failed" else
-                        f"retry at {run_at.isoformat()}",
-                        extra=job_extra(self.report.run_id, o.job,
-                                        outcome="failed" if status == "failed" else "retried",
-                                        duration_s=o.duration_s, error=first))
-        self._count_lost(buf, {r[0] for r in rows})
+                self.tally.succeeded(ahead.successes, result[0])
+                out.append((ahead.claim, result[1]))
+        return out, error
 
-    def write_snoozes(self) -> None:
-        """Write the buffered snoozes: back to queued later, no attempt used."""
-        if not self.snoozed:
-            return
-        buf, self.snoozed = self.snoozed, []
-        seconds = [o.snooze or 0.0 for o in buf]
-        written = self.q.snooze_many([o.job.id for o in buf], [o.job.fence for o in buf],
-                                     seconds)
-        for o in buf:
-            run_at = written.get(o.job.id)
-            if run_at is None:
-                continue
-            self.report.snoozed += 1
-            self._due(run_at)
-            if self.on_outcome is not None:
-                self.on_outcome(o.job, "snoozed")
-            logger.info("job %d snoozed for %gs (no attempt used): runs at %s", o.job.id,
-                        o.snooze, run_at.isoformat(),
-                        extra=job_extra(self.report.run_id, o.job, outcome="snoozed",
-                                        duration_s=o.duration_s))
-        self._count_lost(buf, set(written))
+    def ahead_size(self) -> int:
+        """The jobs the claims in flight may bring."""
+        return sum(a.claim.size for a in self.ahead)
 
-    def _due(self, run_at: datetime) -> None:
-        self.retry_times.append(run_at)
+    # -- with the end of the run ----------------------------------------------------------------
+    def with_finish(self, finish: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+        """The buffered successes and finish_run (``if_drained``: it does the end of the
+        run only when no job of the drained queues is due then) in one statement. Returns
+        whether it went (False: it deadlocked, the successes were written alone) and
+        finish_run's result (None: something was due, it did nothing)."""
+        buf = self.take_successes()
+        try:
+            written, fin = self.q.complete_many_and_finish(
+                [o.job.id for o in buf], [o.job.fence for o in buf], finish,
+                delete=self.delete, **self.completion(buf))
+        except psycopg.errors.DeadlockDetected as exc:
+            self._deadlocked(buf, exc, "completions with the end of the run", again=True)
+            return False, None
+        self.tally.succeeded(buf, written)
+        return True, fin
 
-    def next_retry_at(self, now: datetime) -> datetime | None:
-        """The earliest retry or snooze this drain wrote that is not due yet (those due
-        already were there for the claim that just found nothing)."""
-        self.retry_times = [t for t in self.retry_times if t > now]
-        return min(self.retry_times, default=None)
+    # -- inside a task's transaction ------------------------------------------------------------
+    def in_transaction(self, tq: Statements, outcome: Outcome) -> set[int]:
+        """A transaction-mode job's success, in its handler's open transaction (its result
+        and follow-ups commit with the handler's writes). Counted by :meth:`committed`."""
+        return tq.complete_many([outcome.job.id], [outcome.job.fence],
+                                **self.completion([outcome]))
 
-    def _count_lost(self, buf: Sequence[Outcome], written: set[int]) -> None:
-        for o in buf:
-            if o.job.id not in written:
-                self.report.lost += 1
-                if self.on_outcome is not None:
-                    self.on_outcome(o.job, "lost")
-                logger.warning(
-                    "job %d: outcome not written (UPDATE 0): it is no longer ours, another "
-                    "worker owns it, it was reaped or cancelled", o.job.id,
-                    extra=job_extra(self.report.run_id, o.job, outcome="lost",
-                                    duration_s=o.duration_s))
+    def committed(self, outcome: Outcome, written: set[int]) -> None:
+        """The transaction of :meth:`in_transaction` committed."""
+        self.tally.succeeded([outcome], written)
+
+    # -- the one fallback -----------------------------------------------------------------------
+    def _deadlocked(self, buf: list[Outcome], exc: BaseException, what: str, *,
+                    again: bool = False) -> None:
+        """A statement carrying ``buf`` rolled back whole on a deadlock: nothing it wrote
+        or claimed stays. The successes go back to the buffer, first; ``again``: written
+        now, alone (a statement that cannot take part in a cycle)."""
+        logger.warning("%s deadlocked, writing the completions again: %s", what,
+                       one_line(exc), extra={"run_id": self.report.run_id})
+        self.put_back(buf)
+        if again:
+            self.write()

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from drainer.drain.statements import Statements
     from drainer.registry import Job
+
+#: With a progress line (a terminal), remaining due jobs are counted at most this often.
+PROGRESS_DUE_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -66,3 +72,26 @@ def job_extra(run_id: str, job: Job, **fields: Any) -> dict[str, Any]:
     """The fields every job log line carries (JSON keys, or key=value on a TTY)."""
     return {"run_id": run_id, "job_id": job.id, "queue": job.queue, "attempt": job.attempt,
             **fields}
+
+
+class Progress:
+    """The progress line (a terminal only), with a fresh due count at most each second."""
+
+    def __init__(self, draw: Callable[[RunReport], None], statements: Statements,
+                 report: RunReport) -> None:
+        self.draw = draw
+        self.q = statements
+        self.report = report
+        self.checked = time.monotonic()
+        self.base: tuple[int, int] | None = None  # due jobs counted, claimed by then
+
+    def show(self, *, may_count: bool) -> None:
+        """Redraw; ``may_count``: the connection is free for a count (no claims ahead)."""
+        now = time.monotonic()
+        if now - self.checked >= PROGRESS_DUE_INTERVAL_S and may_count:
+            self.checked = now
+            self.base = self.q.queue_summary(self.report.queues)[0], self.report.claimed
+        if self.base is not None:  # between counts: minus what was claimed since
+            due, claimed = self.base
+            self.report.remaining_due = max(0, due - (self.report.claimed - claimed))
+        self.draw(self.report)

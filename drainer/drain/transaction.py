@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from drainer import db
-from drainer.drain.handlers import Outcome, Running, call
+from drainer.drain.calls import JobContext, Outcome, Running, call
 from drainer.drain.outcomes import Outcomes, undecodable
 from drainer.drain.report import RunReport, job_extra
 
@@ -69,8 +69,10 @@ class TransactionRunner:
     def __init__(self, settings: Settings, queries: Queries, outcomes: Outcomes,
                  report: RunReport, make: Callable[[Task, ClaimedRow], Running],
                  lease: Callable[[Task], float], *, grace: float,
-                 stopping: Callable[[], bool], hurry: threading.Event) -> None:
+                 stopping: Callable[[], bool], hurry: threading.Event,
+                 context: JobContext | None = None) -> None:
         self.settings = settings
+        self.context = context  # what each handler call runs in
         self.q = queries
         self.outcomes = outcomes
         self.report = report
@@ -153,7 +155,7 @@ class TransactionRunner:
             self.outcomes.add(box.outcome, lost=True)
         elif box.written is not None:
             assert box.outcome is not None
-            self.outcomes.written([box.outcome], box.written)
+            self.outcomes.committed(box.outcome, box.written)
         elif box.outcome is not None:
             self.outcomes.add(box.outcome)
         return True
@@ -170,14 +172,12 @@ class TransactionRunner:
                 job.conn = conn
                 try:
                     with conn.transaction():  # the handler's writes, in their own savepoint
-                        outcome = call(r.task, job)
+                        outcome = call(r.task, job, context=self.context)
                         if not outcome.ok:
                             raise _HandlerFailed(outcome)
                 finally:
                     job.conn = None
-                # its result and follow-ups commit with it (issue 17)
-                box.written = tq.complete_many([job.id], [job.fence],
-                                               **self.outcomes.completion([outcome]))
+                box.written = self.outcomes.in_transaction(tq, outcome)
                 box.outcome = outcome
         except _HandlerFailed as failed:
             box.outcome = failed.outcome

@@ -15,7 +15,7 @@ from psycopg import sql
 
 from drainer import Job, run_once
 from drainer.db import ClaimPipeline, Queries
-from drainer.drain.claims import BatchClock
+from drainer.drain.clock import BatchClock
 from drainer.producer import JobSpec, enqueue, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings

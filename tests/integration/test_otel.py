@@ -25,7 +25,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 from opentelemetry.util._once import Once
 
 from drainer import enqueue, enqueue_many, otel, run_once
-from drainer.drain import handlers
 from drainer.producer import JobSpec
 from drainer.registry import Job, Registry
 from drainer.settings import Settings
@@ -44,7 +43,6 @@ def spans() -> Iterator[InMemorySpanExporter]:
     # back to no provider: later tests run untraced, as a process without the SDK does
     trace._TRACER_PROVIDER_SET_ONCE = Once()
     trace._TRACER_PROVIDER = None
-    handlers.job_context = handlers._no_context
     provider.shutdown()
 
 

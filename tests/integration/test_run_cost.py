@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from psycopg import sql
 
 from drainer import db, run_once
 from drainer import drain as drain_cycle
+from drainer.drain import start
 from drainer.drain.leases import Heartbeat
 from drainer.registry import Registry
 from drainer.settings import Settings
@@ -191,14 +193,16 @@ def test_finish_run_behind_run_start_does_nothing_when_a_job_is_due(
               "served": ["a"]}
     latest = drain_cycle.latest_version()
     conn.execute(sql.SQL("INSERT INTO {} (queue) VALUES ('a')").format(_jobs(migrated)))
-    version, _, due, _, _, fin = q.run_start_and_finish(["a"], latest, [None], finish)
-    assert version == latest and due == ["a"] and fin is None
+    plan = start.Plan(migrated.schema_name, migrated.table, ["a"], latest, [None], finish)
+    plan = dataclasses.replace(plan, text=start.render(plan))
+    found = start.send(q, plan)
+    assert found.version == latest and found.due == ["a"] and found.fin is None
     assert conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'done'")
                         .format(_jobs(migrated))).fetchone() == (4,)
     conn.execute(sql.SQL("DELETE FROM {} WHERE status = 'queued'").format(_jobs(migrated)))
-    _, _, due, _, _, fin = q.run_start_and_finish(["a"], latest, [None], finish)
-    assert due == [] and fin is not None
-    assert fin["archived_done"] == 4 and fin["remaining_due"] == 0
+    found = start.send(q, plan)
+    assert found.due == [] and found.fin is not None
+    assert found.fin["archived_done"] == 4 and found.fin["remaining_due"] == 0
     # alone (the end of a run that drained), finish_run runs whatever run_start said
     assert q.finish_run(["a"], 86400.0, 86400.0, 100)["archived_done"] == 0
 
@@ -222,8 +226,8 @@ def test_an_empty_run_with_a_paused_due_queue_counts_only_the_drained_queues(
 
 def test_the_start_query_built_before_connecting_quotes_odd_queue_names(
         migrated: Settings, registry: Registry, conn: psycopg.Connection[Any]) -> None:
-    """run_start_text quotes with psycopg's sql.Literal, without a connection: queue names
-    with quotes, backslashes and braces are read back exactly (due, claimed, counted)."""
+    """The first Query, rendered before connecting with psycopg's sql.Literal, quotes queue
+    names with quotes, backslashes and braces: read back exactly (due, claimed, counted)."""
     names = ["it's", 'say "hi"', "back\\slash", "{brace}", "comma,sep"]
     ran: list[str] = []
     for name in names:
@@ -427,7 +431,7 @@ def test_a_deadlock_at_the_end_of_a_few_run_writes_the_successes_alone(
                          "EXECUTE FUNCTION {}.deadlock_once()").format(jobs, schema))
     with caplog.at_level("WARNING", logger="drainer"):
         report = run_once(migrated, registry=registry)
-    assert "deadlocked, writing them alone" in caplog.text
+    assert "deadlocked, writing the completions again" in caplog.text
     assert report.succeeded == 1 and report.lost == 0 and report.archived == 1
     assert conn.execute(sql.SQL("SELECT status FROM {}").format(jobs)).fetchall() == [("done",)]
     # run_start + claim; completions + finish_run (rolled back); the completions alone; a

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import drainer
-from drainer.drain.handlers import ResultError, call, result_json
+from drainer.drain.calls import ResultError, call, result_json
 from drainer.registry import Job, Registry
 
 

@@ -23,9 +23,10 @@ def _drain(jobs: FakeJobs, registry: Registry, *, batch_size: int = 10, depth: i
            progress: Callable[[RunReport], None] | None = None) -> Drain:
     report = RunReport("test", registry.queues())
     limits = Limits(stop or threading.Event(), None, max_jobs)
-    outcomes = Outcomes(jobs, report, delete=False, retry_base=1.0, retry_cap=10.0)
+    outcomes = Outcomes(jobs, report, delete=False, retry_base=1.0, retry_cap=10.0,
+                        pipeline=jobs if depth >= 2 else None)
     handlers = Handlers(concurrency, batch_size, None, lambda: not limits.must_release())
-    claims = Claims(jobs, jobs if depth >= 2 else None, outcomes, report, registry.tasks,
+    claims = Claims(jobs, outcomes, report, registry.tasks,
                     batch_size=batch_size, max_jobs=max_jobs, depth=depth, combine=True,
                     lease=lambda task: 60.0, run_in_transaction=lambda task, size: 0)
     return Drain(report, jobs, claims, handlers, outcomes, limits, None,
@@ -83,7 +84,7 @@ def test_drains_with_claims_ahead_every_job_once() -> None:
     assert jobs.statuses() == {"done": 205}
     assert (d.report.claimed, d.report.succeeded) == (205, 205)
     assert "send" in jobs.sent  # fast batches: the next claim went out ahead
-    assert not d.claims.ahead and jobs.in_flight == 0
+    assert not d.outcomes.ahead and jobs.in_flight == 0
 
 
 def test_failures_are_written_apart_and_counted() -> None:
@@ -216,7 +217,7 @@ def test_async_claims_go_out_as_slots_free_and_carry_the_successes() -> None:
 def test_a_turn_of_the_event_loop_hands_back_its_outcomes_together() -> None:
     import asyncio
 
-    from drainer.drain.handlers import make_running
+    from drainer.drain.calls import make_running
     from tests.unit.fake_statements import T0
 
     registry = Registry()
@@ -247,7 +248,8 @@ def test_an_async_job_cancelled_before_its_first_step_frees_its_slot() -> None:
     import asyncio
 
     from drainer.db import ClaimedRow
-    from drainer.drain.handlers import EventLoopThread, make_running
+    from drainer.drain.calls import make_running
+    from drainer.drain.execute import EventLoopThread
     from tests.unit.fake_statements import T0
 
     registry = Registry()
@@ -309,7 +311,7 @@ def test_an_async_job_does_not_see_the_context_variables_of_the_job_before_it() 
     import contextvars
 
     from drainer.db import ClaimedRow
-    from drainer.drain.handlers import make_running
+    from drainer.drain.calls import make_running
     from tests.unit.fake_statements import T0
 
     var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
@@ -359,7 +361,7 @@ def test_a_far_database_claims_ahead_before_the_batch_is_handed_over() -> None:
     """Measured 10 ms away with fast handlers: claims grow, the next goes out while the
     sequential handlers still take the batch in hand a few at a time, and the batch's
     successes go with those claims, not in a statement of their own each --batch-size."""
-    from drainer.drain.claims import ADAPT_SAMPLES
+    from drainer.drain.clock import ADAPT_SAMPLES
 
     jobs = FakeJobs()
     jobs.add("a", 3000)
@@ -377,13 +379,13 @@ def test_a_far_database_claims_ahead_before_the_batch_is_handed_over() -> None:
 
     d.clock.finish = finish_at_20us  # type: ignore[method-assign]
     waiting: list[int] = []
-    send = d.claims.send_ahead
+    send = d.outcomes.send_ahead
 
-    def send_ahead() -> None:
+    def send_ahead(claim: Any) -> None:
         waiting.append(len(d.pending))
-        send()
+        send(claim)
 
-    d.claims.send_ahead = send_ahead  # type: ignore[method-assign]
+    d.outcomes.send_ahead = send_ahead  # type: ignore[method-assign]
     d.run()
     assert jobs.statuses() == {"done": 3000}
     assert d.report.succeeded == 3000
@@ -391,7 +393,7 @@ def test_a_far_database_claims_ahead_before_the_batch_is_handed_over() -> None:
     assert any(n > 0 for n in waiting)  # sent with jobs still waiting to start
     # the successes went with the claims: a final write at most, not one per 10 jobs
     assert jobs.sent.count("complete_many") <= 1, [s for s in jobs.sent if s != "send"]
-    assert not d.claims.ahead and jobs.in_flight == 0
+    assert not d.outcomes.ahead and jobs.in_flight == 0
 
 
 def _probed_drain(jobs: FakeJobs, claim_rtt: float, sync_rtt: float
@@ -399,7 +401,7 @@ def _probed_drain(jobs: FakeJobs, claim_rtt: float, sync_rtt: float
     """A pipelined drain whose clock has timed ADAPT_SAMPLES claims of ``claim_rtt`` and
     whose Syncs alone take ``sync_rtt``: the claims' sizes, and the claims in flight at
     each Sync timed."""
-    from drainer.drain.claims import ADAPT_SAMPLES
+    from drainer.drain.clock import ADAPT_SAMPLES
 
     d = _drain(jobs, _registry(lambda job: None), depth=2)
     d.clock.rtt, d.clock.samples = claim_rtt, ADAPT_SAMPLES
@@ -407,7 +409,7 @@ def _probed_drain(jobs: FakeJobs, claim_rtt: float, sync_rtt: float
     in_flight: list[int] = []
 
     def probe() -> float:
-        in_flight.append(len(d.claims.ahead) + jobs.in_flight)
+        in_flight.append(len(d.outcomes.ahead) + jobs.in_flight)
         return sync_rtt
 
     d.claims.probe = probe
@@ -426,7 +428,7 @@ def _probed_drain(jobs: FakeJobs, claim_rtt: float, sync_rtt: float
 def test_a_database_2_ms_away_is_told_by_syncs_and_its_claims_grow() -> None:
     """Claims of 3 ms (under the 8 ms that alone says a link): LINK_PROBES Syncs alone, each
     sent with nothing in flight, say a link; the claims then grow to the round trip."""
-    from drainer.drain.claims import LINK_PROBES
+    from drainer.drain.clock import LINK_PROBES
 
     jobs = FakeJobs()
     jobs.add("a", 3000)
@@ -454,7 +456,8 @@ def test_a_long_turn_of_the_event_loop_hands_back_its_outcomes_a_share_at_a_time
     the limit (the drain loop can send the claim that refills them while the turn goes
     on), and not one list a job."""
     from drainer.db import ClaimedRow
-    from drainer.drain.handlers import EventLoopThread, make_running
+    from drainer.drain.calls import make_running
+    from drainer.drain.execute import EventLoopThread
     from tests.unit.fake_statements import T0
 
     registry = Registry()
@@ -491,7 +494,7 @@ def test_wait_takes_what_is_queued_once_it_has_enough_not_what_keeps_coming() ->
     import queue as queue_mod
 
     from drainer.db import ClaimedRow
-    from drainer.drain.handlers import Outcome, make_running
+    from drainer.drain.calls import Outcome, make_running
     from tests.unit.fake_statements import T0
 
     registry = _registry(lambda job: None)

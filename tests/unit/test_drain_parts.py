@@ -4,11 +4,14 @@ buffers, the batch clock (tests/unit/fake_statements.py stands in for the table)
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
-from drainer.drain.claims import BatchClock, Claims, claim_size, next_queue
-from drainer.drain.handlers import Handlers, Outcome, format_error, make_running
+from drainer.drain.calls import Outcome, format_error, make_running
+from drainer.drain.claims import Claims, claim_size, next_queue
+from drainer.drain.clock import BatchClock
+from drainer.drain.handlers import Handlers
 from drainer.drain.limits import MAX_JOBS, MAX_RUNTIME, SIGNAL, Limits, record
 from drainer.drain.outcomes import Outcomes
 from drainer.drain.report import RunReport
@@ -27,11 +30,24 @@ def _registry(*queues: str) -> Registry:
 def _parts(jobs: FakeJobs, registry: Registry, *, batch_size: int = 10,
            max_jobs: int | None = None, depth: int = 1) -> tuple[Claims, Outcomes, RunReport]:
     report = RunReport("test", registry.queues())
-    outcomes = Outcomes(jobs, report, delete=False, retry_base=1.0, retry_cap=10.0)
-    claims = Claims(jobs, jobs if depth >= 2 else None, outcomes, report, registry.tasks,
+    outcomes = Outcomes(jobs, report, delete=False, retry_base=1.0, retry_cap=10.0,
+                        pipeline=jobs if depth >= 2 else None)
+    claims = Claims(jobs, outcomes, report, registry.tasks,
                     batch_size=batch_size, max_jobs=max_jobs, depth=depth, combine=True,
                     lease=lambda task: 60.0, run_in_transaction=lambda task, size: 0)
     return claims, outcomes, report
+
+
+def _with_successes(claims: Claims, outcomes: Outcomes) -> tuple[list[Any], bool]:
+    """The loop's claim that carries the buffered successes."""
+    claim = claims.next()
+    return claims.after_combined(claim, outcomes.with_claim(claim))
+
+
+def _settle(claims: Claims, outcomes: Outcomes) -> list[Any]:
+    read, error = outcomes.settle()
+    assert error is None
+    return [pair for claim, rows in read for pair in claims.after_ahead(claim, rows)]
 
 
 def _outcome(jobs: FakeJobs, task: Task, ok: bool, claimed: list[int]) -> list[Outcome]:
@@ -66,7 +82,7 @@ def test_claim_size_within_a_window_of_claims_in_flight(
 
 
 def test_pipeline_depth_adapts_to_the_round_trip_within_bounds() -> None:
-    from drainer.drain.claims import ADAPT_SAMPLES
+    from drainer.drain.clock import ADAPT_SAMPLES
 
     clock = BatchClock(limit=0.1)
     assert clock.depth(10, 4) == 1  # nothing measured: one claim ahead
@@ -134,7 +150,7 @@ def test_successes_go_with_the_next_claim() -> None:
         outcomes.add(o)
     for o in _outcome(jobs, registry.tasks["a"], False, [first[9][1].id]):
         outcomes.add(o)
-    second, progressed = claims.claim(with_successes=True)
+    second, progressed = _with_successes(claims, outcomes)
     assert progressed and len(second) == 2
     # failures first, on their own; successes with the claim
     assert jobs.sent == ["claim_batch", "fail_many", "complete_many_and_claim"]
@@ -150,7 +166,7 @@ def test_a_deadlocked_combined_claim_is_written_and_claimed_in_two_statements() 
     for o in _outcome(jobs, registry.tasks["a"], True, [r.id for _, r in first]):
         outcomes.add(o)
     jobs.deadlock_next.add("complete_many_and_claim")
-    second, progressed = claims.claim(with_successes=True)
+    second, progressed = _with_successes(claims, outcomes)
     assert progressed and len(second) == 2
     assert jobs.sent == ["claim_batch", "complete_many_and_claim", "complete_many",
                          "claim_batch"]
@@ -160,19 +176,19 @@ def test_a_deadlocked_combined_claim_is_written_and_claimed_in_two_statements() 
 def test_claims_ahead_are_sized_counted_and_settled_in_order() -> None:
     jobs = FakeJobs()
     jobs.add("a", 25)
-    claims, _, report = _parts(jobs, _registry("a"), max_jobs=24, depth=2)
+    claims, outcomes, report = _parts(jobs, _registry("a"), max_jobs=24, depth=2)
     claims.claim()
     assert claims.last_full and claims.can_send_ahead()
-    claims.send_ahead()
-    # a batch in flight leaves no room: the next claim's size counts it (as on main)
-    assert [a.size for a in claims.ahead] == [10] and not claims.can_send_ahead()
+    outcomes.send_ahead(claims.next(ahead=True))
+    # a batch in flight leaves no room: the next claim's size counts it
+    assert [a.claim.size for a in outcomes.ahead] == [10] and not claims.can_send_ahead()
     assert report.claimed == 10  # counted when read, not when sent
-    assert len(claims.settle()) == 10 and report.claimed == 20 and not claims.ahead
-    assert claims.last_full and claims.can_send_ahead()
-    claims.send_ahead()  # the room left under --max-jobs: 24 - 20
-    assert [a.size for a in claims.ahead] == [4]
-    assert len(claims.receive()) == 4 and report.claimed == 24
-    assert not claims.can_send_ahead() and claims.settle() == []
+    assert len(_settle(claims, outcomes)) == 10 and report.claimed == 20
+    assert not outcomes.ahead and claims.last_full and claims.can_send_ahead()
+    outcomes.send_ahead(claims.next(ahead=True))  # the room left under --max-jobs: 24 - 20
+    assert [a.claim.size for a in outcomes.ahead] == [4]
+    assert len(claims.after_ahead(*outcomes.receive())) == 4 and report.claimed == 24
+    assert not claims.can_send_ahead() and _settle(claims, outcomes) == []
 
 
 def test_a_deadlocked_claim_ahead_puts_its_successes_back() -> None:
@@ -184,8 +200,9 @@ def test_a_deadlocked_claim_ahead_puts_its_successes_back() -> None:
     for o in _outcome(jobs, registry.tasks["a"], True, [r.id for _, r in first]):
         outcomes.add(o)
     jobs.deadlock_next.add("complete_many_and_claim")
-    claims.send_ahead()
-    assert claims.receive() == [] and len(outcomes.ok) == 10 and not claims.last_full
+    outcomes.send_ahead(claims.next(ahead=True))
+    assert claims.after_ahead(*outcomes.receive()) == []
+    assert len(outcomes.ok) == 10 and not claims.last_full
     assert (report.succeeded, report.claimed) == (0, 10)
 
 
@@ -293,10 +310,9 @@ def test_maintenance_defaults_match_the_settings() -> None:
 
 
 def test_outcomes_tell_each_jobs_outcome_once() -> None:
-    """Outcomes.on_outcome (the end of a job's OpenTelemetry span): succeeded, retried,
+    """Tally.on_outcome (the end of a job's OpenTelemetry span): succeeded, retried,
     failed, lost, whichever way the outcome went."""
     from datetime import datetime, timezone
-    from typing import Any
 
     from drainer.registry import Job
 
@@ -313,7 +329,7 @@ def test_outcomes_tell_each_jobs_outcome_once() -> None:
     told: list[tuple[int, str]] = []
     outcomes = Outcomes(Statements(), RunReport("r", ["a"]),  # type: ignore[arg-type]
                         delete=False, retry_base=1, retry_cap=1)
-    outcomes.on_outcome = lambda job, outcome: told.append((job.id, outcome))
+    outcomes.tally.on_outcome = lambda job, outcome: told.append((job.id, outcome))
     task = Task(queue="a", func=lambda job: None)
 
     def outcome(i: int, ok: bool) -> Outcome:
@@ -328,7 +344,7 @@ def test_outcomes_tell_each_jobs_outcome_once() -> None:
 
 
 def test_claim_size_adapts_to_a_far_database_within_bounds() -> None:
-    from drainer.drain.claims import ADAPT_MIN_RTT_S, BatchClock
+    from drainer.drain.clock import ADAPT_MIN_RTT_S, BatchClock
 
     clock = BatchClock(limit=0.1)
     assert clock.adapted(10, 1024) == 10  # nothing measured yet
@@ -372,7 +388,7 @@ def _timed_clock(claim_rtt: float, *, per_job: float = 0.0001, samples: int = 5,
 
 
 def test_a_link_under_8_ms_is_told_by_syncs_alone_and_claims_grow() -> None:
-    from drainer.drain.claims import ADAPT_SAMPLES, LINK_PROBES
+    from drainer.drain.clock import ADAPT_SAMPLES, LINK_PROBES
 
     assert not _timed_clock(0.0025, samples=ADAPT_SAMPLES - 1).wants_probe()  # too soon
     clock = _timed_clock(0.0025)  # claims of 2.5 ms: a link 2 ms away, or a busy disk?
@@ -434,10 +450,11 @@ def test_the_first_claim_sent_with_run_start_has_the_loops_first_size(
     registry = _registry("a")
     report = RunReport("test", registry.queues())
     jobs = FakeJobs()
-    outcomes = Outcomes(jobs, report, delete=False, retry_base=1.0, retry_cap=10.0)
+    outcomes = Outcomes(jobs, report, delete=False, retry_base=1.0, retry_cap=10.0,
+                        pipeline=jobs)
     handlers = Handlers(concurrency, batch, None, may_start=lambda: True)
     try:
-        claims = Claims(jobs, jobs, outcomes, report, registry.tasks, batch_size=batch,
+        claims = Claims(jobs, outcomes, report, registry.tasks, batch_size=batch,
                         max_jobs=max_jobs, depth=2, combine=True, lease=lambda task: 60.0,
                         run_in_transaction=lambda task, size: 0, room=handlers.free)
         assert first_claim_size(batch, concurrency, max_jobs) == claims.size(0)
