@@ -1,4 +1,4 @@
-"""Per-queue limits (issue 17): at most N running (``max_running``) and at most N claims
+"""Per-queue limits: at most N running (``max_running``) and at most N claims
 per period (``rate_limit``), from three places, the first that sets one wins:
 
 1. the operator's row in ``<table>_queues`` (``drainer limit QUEUE --max-running N

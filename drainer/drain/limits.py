@@ -45,12 +45,6 @@ class Limits:
         return self.stop.is_set() or (self.deadline is not None and (
             time.monotonic() if now is None else now) >= self.deadline)
 
-    def room(self, batch_size: int, claimed: int) -> int:
-        """The next claim's size: a batch, or what is left under --max-jobs."""
-        if self.max_jobs is None:
-            return batch_size
-        return min(batch_size, self.max_jobs - claimed)
-
 
 def record(report: RunReport, stopped_by: str | None) -> None:
     """Note the first limit that stopped the run (a later one does not replace it)."""
