@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from drainer import db, otel, pipeline, queue_limits
 from drainer._signals import on_stop_signals
+from drainer.app import load_app
 from drainer.drain import collector, transaction
 from drainer.drain import handlers as handler_calls
 from drainer.drain.claims import Claims, combinable, first_claim_size
@@ -36,7 +37,7 @@ from drainer.drain.watchdog import Watchdog
 from drainer.maintenance import archiver, reaper, vacuum
 from drainer.migrate import check_version, latest_version
 from drainer.recurring import DrainSync
-from drainer.registry import Registry, Task, default_registry, load_app
+from drainer.registry import Registry, Task, default_registry
 
 if TYPE_CHECKING:
     import psycopg

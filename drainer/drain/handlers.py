@@ -28,16 +28,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from drainer.registry import Job, Snooze, Task
+from drainer.job import DEFAULT_RESULT_MAX_BYTES, Job, Snooze
+from drainer.registry import Task
 
 if TYPE_CHECKING:
     from drainer.db import ClaimedRow
 
 #: Longest error text kept in last_error.
 MAX_ERROR_CHARS = 4000
-
-#: Largest handler result kept (its JSON text, in bytes): the ``result_max_bytes`` setting.
-DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 
 
 @dataclass(slots=True)

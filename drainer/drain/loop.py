@@ -28,7 +28,8 @@ from drainer.drain.limits import Limits, record
 from drainer.drain.outcomes import Outcomes, undecodable
 from drainer.drain.report import RunReport, job_extra
 from drainer.drain.statements import Statements
-from drainer.registry import Job, Task
+from drainer.job import Job
+from drainer.registry import Task
 
 if TYPE_CHECKING:
     from drainer.maintenance.vacuum import BetweenBatches

@@ -13,14 +13,10 @@ from drainer._loaders import UndecodablePayload
 from drainer.drain.handlers import Outcome, Running
 from drainer.drain.report import RunReport, job_extra
 from drainer.drain.statements import Statements
-from drainer.registry import Job
+from drainer.job import DEFAULT_MAX_ATTEMPTS, Job
 
 if TYPE_CHECKING:
     from drainer.registry import Task
-
-#: A follow-up's max_attempts when neither it nor its queue's task sets one (the column's
-#: default, as enqueue's).
-DEFAULT_MAX_ATTEMPTS = 5
 
 logger = logging.getLogger("drainer.drain")
 

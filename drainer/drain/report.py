@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from drainer.registry import Job
+    from drainer.job import Job
 
 
 @dataclass
