@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from drainer.registry import (
-    Job,
-    JobCancelled,
-    Registry,
-    Retry,
-    Snooze,
-    Task,
-    default_registry,
-    task,
-)
+from drainer.job import Job, JobCancelled, Retry, Snooze
+from drainer.registry import Registry, Task, default_registry, task
 
 __all__ = [
     "Job",
@@ -37,7 +29,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from drainer.drain import RunReport, run_once
     from drainer.producer import enqueue, enqueue_many
-    from drainer.recurring import recurring
+    from drainer.registry import recurring  # at run time the module, made callable
     from drainer.settings import Settings, load_settings
 
 # Heavy parts (psycopg, pydantic) load on first use: `from drainer import task` in an app
@@ -49,8 +41,6 @@ _LAZY = {
     "enqueue_many": "drainer.producer",
     "Settings": "drainer.settings",
     "load_settings": "drainer.settings",
-    # once imported, ``drainer.recurring`` is the module, which is callable as the function
-    "recurring": "drainer.recurring",
 }
 
 

@@ -1,9 +1,10 @@
-"""Cron expressions with cron's meaning, their fire times, and wake schedules (pure).
+"""Cron expressions with cron's meaning and their fire times (pure).
 
-Nothing here imports APScheduler: ``drainer schedule --dry-run``, the schedule checks and
-recurring jobs compute fire times with :func:`next_fire_times`, and the scheduler fires on
-the same computation (``drainer.scheduler`` wraps it in an APScheduler trigger), so what
-the dry run lists is what runs.
+Nothing here imports APScheduler: ``drainer schedule --dry-run`` and its checks
+(:mod:`drainer.wake_schedule`) and recurring jobs compute fire times with
+:func:`next_fire_times`, and the scheduler fires on the same computation
+(``drainer.scheduler`` wraps it in an APScheduler trigger), so what the dry run lists is
+what runs.
 
 Daylight saving time follows ISC/Vixie cron. A *fixed-time* expression (neither the
 minute nor the hour field starts with ``*``) fires once a day at its wall time: a time
@@ -18,30 +19,13 @@ from __future__ import annotations
 
 import calendar
 import itertools
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone, tzinfo
 
-from drainer.errors import ConfigError
-from drainer.waking import (
-    DEFAULT_MAX_RUNTIME_CAP_S,
-    DEFAULT_MAX_RUNTIME_FRACTION,
-    AwakeEstimate,
-    IdleTimeout,
-    estimate_from_wakes,
-    estimate_interval,
-    fmt_seconds,
-    max_runtime_for,
-    polls_faster_than_idle,
-)
-
-logger = logging.getLogger(__name__)
-
 __all__ = [
-    "CRON_HORIZON_S", "CRON_MACROS", "CRON_MAX_FIRES", "CRON_WEEKDAYS",
-    "DEFAULT_MAX_RUNTIME_CAP_S", "DEFAULT_MAX_RUNTIME_FRACTION", "CronExpr", "WakeSchedule",
-    "check_schedule", "cron_weekdays", "iter_fire_times", "next_fire_times", "parse_cron",
+    "CRON_MACROS", "CRON_WEEKDAYS", "CronExpr", "iter_fire_times", "next_fire_times",
+    "parse_cron",
 ]
 
 #: Weekday names in cron order: 0 (and 7) is Sunday.
@@ -53,9 +37,6 @@ CRON_MACROS = {
     "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-#: Cron schedules are examined over this window (gaps, wakes a day).
-CRON_HORIZON_S = 7 * 86400.0
-CRON_MAX_FIRES = 20_000
 #: An expression that matches no day in this many days in a row never fires
 #: (``0 0 30 2 *``); 29 February comes back within 8 years.
 SEARCH_DAYS = 8 * 366 + 1
@@ -109,20 +90,6 @@ def _weekday_set(field: str) -> set[int]:
             last = 7 if step_s else first  # vixie cron: 'N/S' means N-7/S
         days.update(d % 7 for d in range(first, last + 1, step))
     return days
-
-
-def cron_weekdays(field: str) -> str:
-    """Translate cron's day-of-week field into names (APScheduler 3's ``day_of_week``).
-
-    Cron counts 0 (and 7) as Sunday; APScheduler 3's numbers start at Monday, so numbers
-    are never passed through: the field is expanded to the set of days it means and
-    written with names, which both read the same way (``0`` -> ``sun``, ``1-5`` ->
-    ``mon,tue,wed,thu,fri``, ``5-7`` -> ``fri,sat,sun``, ``*/2`` -> ``sun,tue,thu,sat``).
-    """
-    days = _weekday_set(field)
-    if days == set(range(7)):
-        return "*"
-    return ",".join(CRON_WEEKDAYS[d] for d in sorted(days))
 
 
 def _value(token: str, what: str, lo: int, hi: int, names: tuple[str, ...] = ()) -> int:
@@ -307,128 +274,3 @@ def next_fire_times(expr: str | CronExpr, tz: tzinfo, after: datetime, n: int
     """The next ``n`` fire times of a cron expression strictly after ``after`` (fewer if it
     stops firing), aware in ``tz``, correct across DST changes (see the module docstring)."""
     return list(itertools.islice(iter_fire_times(expr, tz, after), n))
-
-
-# -- the wake schedule ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WakeSchedule:
-    """When to wake: every ``interval`` seconds (first wake at start) or on a cron expression.
-
-    ``jitter`` delays each wake by a random 0..jitter seconds. With an interval, APScheduler
-    counts the next wake from the previous (delayed) one, so two wakes are never closer
-    than the interval; with cron, each wake is delayed from its cron time.
-    """
-
-    interval: float | None = None
-    cron: str | None = None
-    jitter: float = 0.0
-    timezone: tzinfo | None = None
-
-    def __post_init__(self) -> None:
-        if (self.interval is None) == (self.cron is None):
-            raise ConfigError("give either --interval SECONDS or --cron 'm h dom mon dow'")
-        if self.interval is not None and self.interval <= 0:
-            raise ConfigError("--interval must be more than 0 seconds")
-        if self.jitter < 0:
-            raise ConfigError("--jitter must not be negative")
-        if self.cron is not None:
-            try:
-                parse_cron(self.cron)
-            except ValueError as exc:
-                raise ConfigError(f"--cron {self.cron!r}: {exc}") from None
-
-    @property
-    def tz(self) -> tzinfo:
-        if self.timezone is not None:
-            return self.timezone
-        from tzlocal import get_localzone
-
-        return get_localzone()
-
-    @property
-    def cron_expr(self) -> CronExpr:
-        assert self.cron is not None
-        return parse_cron(self.cron)
-
-    def describe(self) -> str:
-        jit = f" + up to {fmt_seconds(self.jitter)} jitter" if self.jitter else ""
-        if self.interval is not None:
-            return f"every {fmt_seconds(self.interval)}{jit}, first wake at start"
-        return f"cron {self.cron!r} ({self.tz}){jit}"
-
-    def next_wakes(self, n: int, now: datetime | None = None) -> list[datetime]:
-        """The next ``n`` wakes before jitter (with an interval, the first is ``now``)."""
-        now = now or datetime.now(self.tz)
-        if self.interval is not None:
-            return [now + timedelta(seconds=self.interval * k) for k in range(n)]
-        return next_fire_times(self.cron_expr, self.tz, now.astimezone(_UTC) - _TICK, n)
-
-    def _cron_fires(self, now: datetime) -> list[float]:
-        """Fire times (epoch seconds: aware datetimes of one zone subtract and compare by
-        the wall clock, which a DST change makes wrong) in the horizon from ``now``."""
-        end = now.timestamp() + CRON_HORIZON_S
-        fires = (t.timestamp() for t in
-                 iter_fire_times(self.cron_expr, self.tz, now.astimezone(_UTC) - _TICK))
-        return list(itertools.islice(itertools.takewhile(lambda t: t < end, fires),
-                                     CRON_MAX_FIRES))
-
-    def min_gap(self, now: datetime | None = None) -> float:
-        """The shortest time in seconds between two wakes (cron: over the next week)."""
-        if self.interval is not None:
-            return self.interval
-        fires = self._cron_fires(now or datetime.now(self.tz))
-        gaps = [b - a for a, b in itertools.pairwise(fires)]
-        if not gaps:
-            return CRON_HORIZON_S
-        return max(0.0, min(gaps) - self.jitter)
-
-    def estimate(self, idle: IdleTimeout, max_drain_s: float | None,
-                 now: datetime | None = None) -> AwakeEstimate:
-        """How long these wakes keep the compute awake a day (see drainer.waking)."""
-        if self.interval is not None:
-            return estimate_interval(self.interval, self.jitter, idle, max_drain_s)
-        now = now or datetime.now(self.tz)
-        fires = self._cron_fires(now)
-        window = CRON_HORIZON_S
-        if len(fires) >= CRON_MAX_FIRES:
-            window = (fires[-1] - now.timestamp()) or 1.0
-        return estimate_from_wakes([f + self.jitter / 2 for f in fires],
-                                   now.timestamp(), window, idle, max_drain_s)
-
-
-def check_schedule(wakes: WakeSchedule, idle: IdleTimeout, max_runtime: float | None, *,
-                   allow_always_on: bool, policy: str = "always",
-                   max_sleep: float | None = None) -> float:
-    """Refuse schedules that keep the compute awake; return the max runtime of one run.
-
-    With ``known-work`` a tick that finds no reason does not connect, so ticks may come
-    as often as you like; what wakes an idle compute is the safety net, so it is
-    ``--max-sleep`` that must be longer than the idle timeout, and it bounds a run.
-    """
-    if policy == "known-work":
-        assert max_sleep is not None
-        if (not idle.never_suspends and not allow_always_on
-                and polls_faster_than_idle(max_sleep, idle, inclusive=True)):
-            raise ConfigError(
-                f"--max-sleep {fmt_seconds(max_sleep)} is not longer than the "
-                f"{fmt_seconds(idle.seconds)} idle timeout ({idle.source}): the safety net "
-                "alone would keep the compute awake; use a longer --max-sleep, or pass "
-                "--allow-always-on")
-        return max_runtime_for(max_sleep, max_runtime, f"--max-sleep {fmt_seconds(max_sleep)}")
-    gap = wakes.min_gap()
-    # a compute that never suspends has nothing to keep asleep
-    if (not idle.never_suspends and not allow_always_on
-            and polls_faster_than_idle(gap, idle, inclusive=True)):
-        limit = f"the {fmt_seconds(idle.seconds)} idle timeout ({idle.source})"
-        if wakes.interval is not None:
-            raise ConfigError(
-                f"--interval {fmt_seconds(gap)} is not longer than {limit}: the compute "
-                "would never suspend (awake 24 h a day); use a longer interval, or pass "
-                "--allow-always-on")
-        raise ConfigError(
-            f"--cron {wakes.cron!r} wakes as often as every {fmt_seconds(gap)}, not longer "
-            f"than {limit}: the compute would not suspend between those wakes; space them "
-            "further apart, or pass --allow-always-on")
-    return max_runtime_for(gap, max_runtime, f"the {fmt_seconds(gap)} between two wakes")

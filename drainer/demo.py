@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from drainer.job import Job
 from drainer.producer import JobSpec
-from drainer.registry import Job, Registry
+from drainer.registry import Registry
 
 if TYPE_CHECKING:
     from drainer.settings import Settings

@@ -37,9 +37,3 @@ class SchemaError(DrainerError):
     """The jobs table is missing or its schema is out of date (exit 4)."""
 
     exit_code = EXIT_SCHEMA
-
-
-class DatabaseTimeout(DrainerError):
-    """A statement was cancelled by a database timeout or a cancel request (exit 5)."""
-
-    exit_code = EXIT_TIMEOUT

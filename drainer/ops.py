@@ -351,7 +351,8 @@ def task_attempts_limits(app: str) -> dict[str, int | None]:
 
     At run time a task's ``@task(max_attempts=...)`` (or its ``Retry(max_attempts=...)``)
     overrides the row's max_attempts column, for the failure and for the reaper alike."""
-    from drainer.registry import default_registry, load_app
+    from drainer.app import load_app
+    from drainer.registry import default_registry
 
     load_app(app)
     return {queue: t.attempts_limit for queue, t in default_registry.tasks.items()}

@@ -26,13 +26,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from drainer.registry import Job, Task
+    from drainer.job import Job
+    from drainer.registry import Task
 
 logger = logging.getLogger(__name__)
 
 #: The environment variable producers read (drains read the ``otel`` setting, which is it).
 ENV = "DRAINER_OTEL"
-MODES = ("auto", "on", "off")
 #: Outcomes a job span ends with (the ``drainer.outcome`` attribute).
 OUTCOMES = ("succeeded", "retried", "failed", "lost")
 #: How long the flush at the end of a run may take, in milliseconds.

@@ -19,7 +19,8 @@ from psycopg.types.json import Jsonb
 
 from drainer import otel
 from drainer.db import QUERIES, identifiers
-from drainer.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_SCHEMA, DEFAULT_TABLE
+from drainer.job import DEFAULT_MAX_ATTEMPTS, RUN_AT_MAX, RUN_AT_MIN
+from drainer.settings import DEFAULT_SCHEMA, DEFAULT_TABLE
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -61,11 +62,6 @@ class EnqueueResult:
 
 def _q(name: str, schema: str, table: str) -> sql.Composed:
     return sql.SQL(QUERIES[name]).format(**identifiers(schema, table))
-
-
-#: The run_at range the table's CHECK accepts (migration 0002): what the client can represent.
-RUN_AT_MIN = datetime(1970, 1, 1, tzinfo=timezone.utc)
-RUN_AT_MAX = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
 
 def check_run_at(run_at: datetime | None) -> None:

@@ -1,14 +1,16 @@
 """Recurring jobs declared in code, kept in the jobs table: no process has to stay up.
 
 A definition (``@task("digest", cron="0 8 * * *", timezone="Europe/Berlin")``, or
-``drainer.recurring("digest", "0 8 * * mon-fri", key="weekday-digest", payload={...})``)
-lives in the app module. Its next occurrence lives in the table as an ordinary queued job:
-``run_at`` = the fire time, ``dedup_key`` = ``recurring:<key>:<fire time in UTC>``,
-``recurring_key`` / ``scheduled_for`` / ``recurring_hash`` naming the definition, the fire
-time and the definition's content, and the fire time in the payload under
-:data:`SCHEDULED_FOR_KEY` (``job.scheduled_for`` on the handler's :class:`~drainer.Job`).
-Any drain-and-exit run (cron, a Kubernetes CronJob, Lambda, ``schedule --wake-policy
-known-work``) serves it, and the run report's ``next_due_at`` includes it.
+``drainer.recurring("digest", "0 8 * * mon-fri", key="weekday-digest", payload={...})``,
+both in :mod:`drainer.registry`) lives in the app module; this module defines, checks and
+syncs definitions and knows no registry. Its next occurrence lives in the table as an
+ordinary queued job: ``run_at`` = the fire time, ``dedup_key`` =
+``recurring:<key>:<fire time in UTC>``, ``recurring_key`` / ``scheduled_for`` /
+``recurring_hash`` naming the definition, the fire time and the definition's content, and
+the fire time in the payload under :data:`SCHEDULED_FOR_KEY` (``job.scheduled_for`` on
+the handler's :class:`~drainer.Job`). Any drain-and-exit run (cron, a Kubernetes CronJob,
+Lambda, ``schedule --wake-policy known-work``) serves it, and the run report's
+``next_due_at`` includes it.
 
 Every drain syncs the definitions of the queues it serves in one statement
 (``recurring_sync`` in queries.sql, parameters from :func:`sync_params`): it inserts the next
@@ -42,27 +44,24 @@ import functools
 import hashlib
 import json
 import logging
-import sys
-import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
 
 from drainer.errors import ConfigError
+from drainer.job import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
     from drainer.cron import CronExpr
     from drainer.db import Queries
-    from drainer.registry import Registry
-    from drainer.waking import AwakeEstimate, IdleTimeout
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "CATCH_UP_MAX", "CATCH_UP_POLICIES", "DEDUP_PREFIX", "DEFAULT_CATCH_UP",
     "DEFAULT_TIMEZONE", "SCHEDULED_FOR_KEY", "Definition", "SyncResult", "define",
-    "fire_times_before", "recurring", "sync", "sync_params",
+    "fire_times_before", "sync", "sync_params",
 ]
 
 #: The payload key holding the occurrence's fire time (ISO 8601, in the definition's zone).
@@ -75,11 +74,8 @@ DEFAULT_CATCH_UP = "latest"
 CATCH_UP_MAX = 100
 CATCH_UP_MAX_LIMIT = 10_000
 DEFAULT_TIMEZONE = "UTC"
-#: As the column default of max_attempts (0001_jobs_table.sql).
-DEFAULT_MAX_ATTEMPTS = 5
 
 _UTC = timezone.utc
-_TICK = timedelta(microseconds=1)
 
 
 def _zone(name: str) -> tzinfo:
@@ -165,12 +161,6 @@ class Definition:
         found = fire_times_before(self.spec, self.tz, now, 1)
         return found[0] if found else None
 
-    def next_times(self, now: datetime, n: int) -> list[datetime]:
-        """The next ``n`` fire times after ``now`` (UTC)."""
-        from drainer.cron import next_fire_times
-
-        return [t.astimezone(_UTC) for t in next_fire_times(self.spec, self.tz, now, n)]
-
     def dedup_key(self, at: datetime) -> str:
         return f"{DEDUP_PREFIX}{self.key}:{at.astimezone(_UTC):%Y-%m-%dT%H:%M:%SZ}"
 
@@ -225,27 +215,6 @@ def define(queue: str, cron: str, *, key: str | None = None,
     definition.__dict__.update(spec=spec, tz=tz)  # checked above: no need to do it twice
     if definition.next_after(datetime.now(_UTC)) is None:
         raise ConfigError(f"{where}: {cron!r} never fires")
-    return definition
-
-
-def recurring(queue: str, cron: str, *, key: str | None = None,
-              payload: Mapping[str, Any] | None = None, timezone: str | None = None,
-              catch_up: str = DEFAULT_CATCH_UP, catch_up_max: int = CATCH_UP_MAX,
-              priority: int = 0, max_attempts: int | None = None,
-              registry: Registry | None = None) -> Definition:
-    """Declare a recurring job on ``queue`` (in the default registry unless given one).
-
-    ``key`` names the series (default: the queue name) and must be unique; ``payload`` is
-    the payload of every occurrence (a dict; drainer adds :data:`SCHEDULED_FOR_KEY`);
-    ``timezone`` is an IANA name (default UTC); ``catch_up`` is ``latest``, ``all`` or
-    ``skip`` (see the module docstring). Raises ConfigError on a bad definition.
-    """
-    from drainer import default_registry
-
-    definition = define(queue, cron, key=key, payload=payload, timezone=timezone,
-                        catch_up=catch_up, catch_up_max=catch_up_max, priority=priority,
-                        max_attempts=max_attempts)
-    (registry or default_registry).add_recurring(definition)
     return definition
 
 
@@ -341,13 +310,11 @@ class DrainSync:
         self.definitions = served(definitions, self.queues)
         self.clock = clock or (lambda: datetime.now(_UTC))
         self.first_next: datetime | None = None
-        self.syncs = 0
 
     def start(self, q: Queries) -> SyncResult:
         """Sync the definitions; what changed."""
         now = self.clock()
         result = sync(q, self.definitions, self.queues, now)
-        self.syncs += 1
         self.first_next = next_fire(self.definitions, self.queues, now)
         return result
 
@@ -386,44 +353,6 @@ def occurrence_times(definitions: Iterable[Definition], queues: Sequence[str],
     return sorted(set(out))[:limit]
 
 
-def known_work_wakes(fires: Sequence[float], max_sleep_s: float, start: float, end: float
-                     ) -> list[float]:
-    """When ``schedule --wake-policy known-work`` wakes with no other work than the
-    occurrences at ``fires``: at each one, and by the safety net (``--max-sleep`` after the
-    last run) wherever they are further apart. The first wake is at ``start``."""
-    wakes: list[float] = []
-    last = start
-    wakes.append(start)
-    for f in [*sorted(f for f in fires if start < f < end), end]:
-        while f - last > max_sleep_s:
-            last += max_sleep_s
-            if last < end:
-                wakes.append(last)
-        if f < end:
-            wakes.append(f)
-            last = f
-    return wakes
-
-
-def known_work_estimate(definitions: Iterable[Definition], queues: Sequence[str],
-                        idle: IdleTimeout, max_sleep_s: float, max_drain_s: float | None,
-                        now: datetime) -> AwakeEstimate:
-    """``schedule --wake-policy known-work``'s awake estimate with the wakes the recurring
-    definitions cause (one per occurrence; the safety net only in longer gaps), over the
-    next week."""
-    from drainer.cron import CRON_HORIZON_S, CRON_MAX_FIRES
-    from drainer.waking import estimate_from_wakes
-
-    start = now.timestamp()
-    end = now + timedelta(seconds=CRON_HORIZON_S)
-    fires = occurrence_times(definitions, queues, now, end, CRON_MAX_FIRES)
-    window = CRON_HORIZON_S
-    if len(fires) >= CRON_MAX_FIRES:
-        window = fires[-1] - start or 1.0
-    wakes = known_work_wakes(fires, max_sleep_s, start, start + window)
-    return estimate_from_wakes(wakes[1:], start, window, idle, max_drain_s)
-
-
 def series_status(rows: Iterable[Mapping[str, Any]], definitions: Iterable[Definition],
                   handled: Iterable[str], now: datetime) -> list[dict[str, Any]]:
     """``drainer status``'s recurring series: the table's (``status_recurring`` rows) and
@@ -455,13 +384,3 @@ def series_status(rows: Iterable[Mapping[str, Any]], definitions: Iterable[Defin
             "last_error": row.get("last_error"),
         })
     return out
-
-
-class _CallableModule(types.ModuleType):
-    """``drainer.recurring`` is this module once imported: calling it declares a job."""
-
-    def __call__(self, queue: str, cron: str, **kwargs: Any) -> Definition:
-        return recurring(queue, cron, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -3,9 +3,9 @@
 Each wake calls the same :func:`drainer.drain.run_once` as ``drainer run-once``: one
 connection, opened at the start of the run and closed at its end, so the compute can
 suspend between runs. What the schedule means lives elsewhere and imports no APScheduler:
-cron expressions and the schedule checks in :mod:`drainer.cron`, the idle timeout, awake
-estimates and the known-work policy in :mod:`drainer.waking`; the HTTP side of
-``--listen`` is :mod:`drainer.serve`'s.
+cron expressions in :mod:`drainer.cron`, the schedule and its checks in
+:mod:`drainer.wake_schedule`, the idle timeout, awake estimates and the known-work policy
+in :mod:`drainer.waking`; the HTTP side of ``--listen`` is :mod:`drainer.serve`'s.
 """
 
 from __future__ import annotations
@@ -18,24 +18,21 @@ from typing import TYPE_CHECKING, Any
 
 from apscheduler.triggers.base import BaseTrigger
 
-from drainer import cron
+from drainer import wake_schedule
 from drainer.cron import (
-    CRON_HORIZON_S,
     CRON_MACROS,
-    CRON_MAX_FIRES,
     CRON_WEEKDAYS,
     CronExpr,
-    check_schedule,
-    cron_weekdays,
     iter_fire_times,
     next_fire_times,
     parse_cron,
 )
 from drainer.errors import ConfigError, DrainerError
-from drainer.settings import DEFAULT_MAX_SLEEP_S
+from drainer.wake_schedule import CRON_HORIZON_S, CRON_MAX_FIRES, check_schedule
 from drainer.waking import (
     DEFAULT_MAX_RUNTIME_CAP_S,
     DEFAULT_MAX_RUNTIME_FRACTION,
+    DEFAULT_MAX_SLEEP_S,
     WAKE_POLICIES,
     IdleTimeout,
     WakeState,
@@ -46,7 +43,7 @@ from drainer.waking import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from drainer.drain import RunReport
+    from drainer.drain.report import RunReport
     from drainer.registry import Registry
     from drainer.settings import Settings
 
@@ -56,7 +53,7 @@ __all__ = [
     "CRON_HORIZON_S", "CRON_MACROS", "CRON_MAX_FIRES", "CRON_WEEKDAYS",
     "DEFAULT_MAX_RUNTIME_CAP_S", "DEFAULT_MAX_RUNTIME_FRACTION", "DRY_RUN_WAKES", "JOB_ID",
     "PULL_EARLIER_MIN_GAIN_S", "WAKE_POLICIES", "CronExpr", "CronWakeTrigger", "WakeSchedule",
-    "WakeState", "check_schedule", "cron_trigger", "cron_weekdays", "next_fire_times",
+    "WakeState", "check_schedule", "cron_trigger", "next_fire_times",
     "parse_cron", "run_schedule", "wake_trigger",
 ]
 
@@ -113,7 +110,7 @@ def cron_trigger(expr: str, tz: tzinfo, jitter: float | None = None) -> Any:
     return CronWakeTrigger(parse_cron(expr), tz, jitter or None)
 
 
-def wake_trigger(wakes: cron.WakeSchedule, *, jitter: bool = True) -> Any:
+def wake_trigger(wakes: wake_schedule.WakeSchedule, *, jitter: bool = True) -> Any:
     """The APScheduler trigger of a wake schedule (``jitter=False``: before the random delay)."""
     j = wakes.jitter if jitter and wakes.jitter > 0 else None
     if wakes.cron is not None:
@@ -123,8 +120,8 @@ def wake_trigger(wakes: cron.WakeSchedule, *, jitter: bool = True) -> Any:
     return IntervalTrigger(seconds=wakes.interval, jitter=j, timezone=wakes.tz)
 
 
-class WakeSchedule(cron.WakeSchedule):
-    """:class:`drainer.cron.WakeSchedule` with its APScheduler trigger."""
+class WakeSchedule(wake_schedule.WakeSchedule):
+    """:class:`drainer.wake_schedule.WakeSchedule` with its APScheduler trigger."""
 
     def trigger(self, *, jitter: bool = True) -> Any:
         """The APScheduler trigger (``jitter=False``: the wakes before the random delay)."""
@@ -249,7 +246,7 @@ class _Runner:
                         job.next_run_time.isoformat())
 
 
-def run_schedule(settings: Settings, wakes: cron.WakeSchedule, *, stop: threading.Event,
+def run_schedule(settings: Settings, wakes: wake_schedule.WakeSchedule, *, stop: threading.Event,
                  registry: Registry | None = None, idle: IdleTimeout | None = None,
                  pull_earlier: bool = False,
                  on_report: Callable[[RunReport], None] | None = None,

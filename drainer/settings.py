@@ -6,10 +6,7 @@ the CLI builds its flags, their help and its errors from it (drainer/cli/_base.p
 
 from __future__ import annotations
 
-import os
 import re
-import sys
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -21,24 +18,22 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
-from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from drainer._pyproject import PyprojectSource
 from drainer._redact import password_of, redact, remember_secret
 from drainer.errors import ConfigError
+from drainer.job import DEFAULT_MAX_ATTEMPTS, DEFAULT_RESULT_MAX_BYTES
+from drainer.maintenance import (
+    ARCHIVE_AFTER_DEFAULT,
+    ARCHIVE_BATCH_DEFAULT,
+    FAILED_RETENTION_DEFAULT,
+    MAINTENANCE_TIMEOUT_DEFAULT,
+    VACUUM_EVERY_DEFAULT,
+    VACUUM_THRESHOLD_DEFAULT,
+)
 from drainer.queue_limits import check_max_running, check_rate_limit, split_pairs
-
-#: Idle timeout (seconds) after which each platform suspends a compute with no activity.
-PLATFORM_IDLE_TIMEOUTS: dict[str, float] = {
-    "neon": 300.0,  # Neon: 5 minutes by default
-    "aurora": 300.0,  # Aurora Serverless v2 at 0 ACU: SecondsUntilAutoPause default
-    "relyt": 600.0,  # Relyt One, the platform of 'Postgres as a job queue': ~10 min
-    "supabase": 300.0,  # branches / self-hosted scale-to-zero: set --idle-timeout to yours
-    "always-on": 0.0,  # a compute that never suspends
-}
-
-#: Names ``[tool.drainer]`` accepts besides the field names.
-PYPROJECT_ALIASES = {"schema": "schema_name", "queue": "queues"}
+from drainer.waking import DEFAULT_MAX_SLEEP_S, PLATFORM_IDLE_TIMEOUTS
 
 _DURATION = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|min|h|d|w)?\s*$", re.I)
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -71,21 +66,17 @@ def plain_url(dsn: str) -> str:
     return _SQLALCHEMY_URL.sub("postgresql://", dsn, count=1)
 
 
-# Named defaults, next to the class that uses them.
+# Named defaults of the options whose services take them from Settings (the table's
+# location, the drain, the connection, the serverless handlers); the other defaults are
+# imported above from the module that uses them.
 DEFAULT_SCHEMA = "drainer"
 DEFAULT_TABLE = "jobs"
 DEFAULT_BATCH_SIZE = 10
 DEFAULT_PIPELINE_DEPTH = 2
 DEFAULT_LEASE_S = 300.0
 DEFAULT_GRACE_S = 30.0
-DEFAULT_ARCHIVE_AFTER_S = 7 * 86400.0
-DEFAULT_FAILED_RETENTION_S = 30 * 86400.0
-DEFAULT_ARCHIVE_BATCH = 10_000
-DEFAULT_VACUUM_THRESHOLD = 1_000
-DEFAULT_VACUUM_EVERY = 20_000
 DEFAULT_RETRY_BASE_S = 10.0
 DEFAULT_RETRY_CAP_S = 3600.0
-DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_RETRIES = 5
 DEFAULT_STATEMENT_TIMEOUT_S = 60.0
@@ -93,10 +84,8 @@ DEFAULT_LOCK_TIMEOUT_S = 10.0
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S = 120.0
 DEFAULT_APPLICATION_NAME = "drainer"
 DEFAULT_DEAD_PEER_TIMEOUT_S = 10.0  # = drainer.db.DEAD_PEER_TIMEOUT_DEFAULT
-DEFAULT_MAINTENANCE_TIMEOUT_S = 600.0  # = drainer.maintenance.vacuum.MAINTENANCE_TIMEOUT_DEFAULT
 DEFAULT_HANDLER_MARGIN_S = 10.0
 DEFAULT_HANDLER_BUDGET_S = 60.0  # Cloud Functions' default timeout
-DEFAULT_MAX_SLEEP_S = 6 * 3600.0  # schedule --wake-policy known-work: the safety net
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 QueueList = Annotated[list[str] | None, BeforeValidator(split_list)]
@@ -279,7 +268,7 @@ class Settings(BaseSettings):
         json_schema_extra={"metavar": "QUEUE=RATE"},
     )
     result_max_bytes: int = _opt(
-        64 * 1024,
+        DEFAULT_RESULT_MAX_BYTES,
         "Largest handler return value kept in the job's result column (bytes of JSON); a "
         "larger one fails the job with a ResultError.",
         "run", ge=0,
@@ -291,29 +280,29 @@ class Settings(BaseSettings):
         "run",
     )
     archive_after: Seconds = _opt(
-        DEFAULT_ARCHIVE_AFTER_S, "Age (since finished) after which done jobs are archived.",
+        ARCHIVE_AFTER_DEFAULT, "Age (since finished) after which done jobs are archived.",
         "run", ge=0,
     )
     failed_retention: Seconds = _opt(
-        DEFAULT_FAILED_RETENTION_S,
+        FAILED_RETENTION_DEFAULT,
         "Age after which failed jobs (the dead-letter queue) are archived.",
         "run", ge=0,
     )
     archive_batch_size: int = _opt(
-        DEFAULT_ARCHIVE_BATCH, "Rows deleted or moved per archive statement.", "run", gt=0
+        ARCHIVE_BATCH_DEFAULT, "Rows deleted or moved per archive statement.", "run", gt=0
     )
     delete_on_complete: bool = _opt(
         False, "Delete a job when it succeeds instead of marking it done (no history).", "run"
     )
     vacuum_threshold: int = _opt(
-        DEFAULT_VACUUM_THRESHOLD,
+        VACUUM_THRESHOLD_DEFAULT,
         "VACUUM (ANALYZE) the table at the end of a run when n_dead_tup is at least this "
         "(0 = never).",
         "run",
         ge=0,
     )
     vacuum_every: int = _opt(
-        DEFAULT_VACUUM_EVERY,
+        VACUUM_EVERY_DEFAULT,
         "During a long drain, VACUUM the table (SKIP_LOCKED) after every this many finished "
         "jobs, so dead entries at the head of the claim index do not slow each claim down "
         "(0 = never; needs table ownership, like the end-of-run VACUUM).",
@@ -321,7 +310,7 @@ class Settings(BaseSettings):
         ge=0,
     )
     maintenance_timeout: Seconds = _opt(
-        DEFAULT_MAINTENANCE_TIMEOUT_S,
+        MAINTENANCE_TIMEOUT_DEFAULT,
         "statement_timeout of drainer's VACUUMs (end of run and between batches) instead of "
         "--statement-timeout (0 = none); a cancelled VACUUM is a warning, not a failed run.",
         "run",
@@ -426,20 +415,6 @@ class Settings(BaseSettings):
         return None
 
 
-class _PyprojectSource(PydanticBaseSettingsSource):
-    """``[tool.drainer]`` of ./pyproject.toml (or of $DRAINER_PYPROJECT)."""
-
-    def __init__(self, settings_cls: type[BaseSettings]) -> None:
-        super().__init__(settings_cls)
-        self._data = read_pyproject(set(settings_cls.model_fields))
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return self._data.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(self._data)
-
-
 def _customise(
     cls: type[BaseSettings],
     settings_cls: type[BaseSettings],
@@ -448,38 +423,10 @@ def _customise(
     dotenv_settings: PydanticBaseSettingsSource,
     file_secret_settings: PydanticBaseSettingsSource,
 ) -> tuple[PydanticBaseSettingsSource, ...]:
-    return (init_settings, env_settings, _PyprojectSource(settings_cls))
+    return (init_settings, env_settings, PyprojectSource(settings_cls))
 
 
 Settings.settings_customise_sources = classmethod(_customise)  # type: ignore[assignment,method-assign]
-
-
-def read_pyproject(field_names: set[str] | frozenset[str]) -> dict[str, Any]:
-    """``[tool.drainer]`` of ./pyproject.toml (or of $DRAINER_PYPROJECT), by field name.
-
-    Raises ConfigError for a file that cannot be read or parsed, and for an unknown key.
-    """
-    path = Path(os.environ.get("DRAINER_PYPROJECT", "pyproject.toml"))
-    if not path.is_file():
-        return {}
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    try:
-        with path.open("rb") as f:
-            table = tomllib.load(f).get("tool", {}).get("drainer", {})
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read [tool.drainer] from {path}: {exc}") from None
-    known = {name: name for name in field_names}
-    known.update(PYPROJECT_ALIASES)
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        name = known.get(key.replace("-", "_"))
-        if name is None:
-            raise ConfigError(f"unknown setting {key!r} in [tool.drainer] of {path}")
-        out[name] = value
-    return out
 
 
 def flag_of(name: str) -> str:

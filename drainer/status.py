@@ -80,10 +80,11 @@ def next_wake(settings: Settings, registry: Registry | None = None, *,
 def collect_status(settings: Settings, registry: Registry | None = None) -> dict[str, Any]:
     """Counts by queue and status, due work, expired leases, dead letters, table health,
     and the recurring series (with the app's definitions when ``settings.app`` names it)."""
+    from drainer.app import load_app
     from drainer.db import Queries, connect
     from drainer.migrate import check_schema
     from drainer.recurring import series_status
-    from drainer.registry import default_registry, load_app
+    from drainer.registry import default_registry
 
     registry = registry or default_registry
     if settings.app:

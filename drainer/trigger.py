@@ -16,7 +16,7 @@ from drainer._redact import redact
 if TYPE_CHECKING:
     import psycopg
 
-    from drainer.registry import QueueRef
+    from drainer.job import QueueRef
     from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -104,8 +104,8 @@ class TriggerTransaction:
     def enqueue(self, queue: QueueRef, payload: Any, **options: Any) -> int | None:
         """:func:`drainer.producer.enqueue` on this transaction's connection and table
         (``queue``: a name or a ``@task`` handler)."""
+        from drainer.job import queue_of
         from drainer.producer import enqueue
-        from drainer.registry import queue_of
 
         job_id = enqueue(self.conn, queue_of(queue), payload, schema=self.settings.schema_name,
                          table=self.settings.table, **options)
@@ -117,8 +117,8 @@ class TriggerTransaction:
                      **options: Any) -> int:
         """:func:`drainer.producer.enqueue_many` on this transaction; returns jobs inserted
         (with ``queue=``, a name or a ``@task`` handler, ``jobs`` are its payloads)."""
+        from drainer.job import queue_of
         from drainer.producer import enqueue_many
-        from drainer.registry import queue_of
 
         result = enqueue_many(self.conn, jobs, queue=None if queue is None else queue_of(queue),
                               schema=self.settings.schema_name, table=self.settings.table,
@@ -193,8 +193,8 @@ class AsyncTriggerTransaction:
     async def enqueue(self, queue: QueueRef, payload: Any, **options: Any) -> int | None:
         """:func:`drainer.producer.enqueue_async` on this transaction's connection and table
         (``queue``: a name or a ``@task`` handler)."""
+        from drainer.job import queue_of
         from drainer.producer import enqueue_async
-        from drainer.registry import queue_of
 
         job_id = await enqueue_async(self.conn, queue_of(queue), payload,
                                      schema=self.settings.schema_name,
@@ -207,8 +207,8 @@ class AsyncTriggerTransaction:
                            **options: Any) -> int:
         """:func:`drainer.producer.enqueue_many_async` on this transaction; returns jobs
         inserted (with ``queue=``, ``jobs`` are its payloads)."""
+        from drainer.job import queue_of
         from drainer.producer import enqueue_many_async
-        from drainer.registry import queue_of
 
         result = await enqueue_many_async(
             self.conn, jobs, queue=None if queue is None else queue_of(queue),

@@ -14,13 +14,22 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from drainer.errors import ConfigError
-from drainer.settings import PLATFORM_IDLE_TIMEOUTS
 
 if TYPE_CHECKING:
-    from drainer.drain import RunReport
+    from drainer.drain.report import RunReport
     from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+#: Idle timeout (seconds) after which each platform suspends a compute with no activity
+#: (``--platform``).
+PLATFORM_IDLE_TIMEOUTS: dict[str, float] = {
+    "neon": 300.0,  # Neon: 5 minutes by default
+    "aurora": 300.0,  # Aurora Serverless v2 at 0 ACU: SecondsUntilAutoPause default
+    "relyt": 600.0,  # Relyt One, the platform of 'Postgres as a job queue': ~10 min
+    "supabase": 300.0,  # branches / self-hosted scale-to-zero: set --idle-timeout to yours
+    "always-on": 0.0,  # a compute that never suspends
+}
 
 #: Idle timeout assumed when neither --idle-timeout nor --platform is given: the default of
 #: Neon and of Aurora Serverless v2 (SecondsUntilAutoPause).
@@ -36,6 +45,9 @@ DEFAULT_MAX_RUNTIME_CAP_S = 3600.0
 
 #: ``--wake-policy``: ``always`` drains at every tick; ``known-work`` only for a reason.
 WAKE_POLICIES = ("always", "known-work")
+#: With known-work, the longest time without a run (``--max-sleep``): the safety net for
+#: jobs inserted with no trigger.
+DEFAULT_MAX_SLEEP_S = 6 * 3600.0
 
 
 @dataclass(frozen=True)

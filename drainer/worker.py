@@ -24,7 +24,7 @@ from drainer import db
 from drainer.errors import DatabaseUnavailable, SchemaError
 
 if TYPE_CHECKING:
-    from drainer.drain import RunReport
+    from drainer.drain.report import RunReport
     from drainer.registry import Registry
     from drainer.settings import Settings
 

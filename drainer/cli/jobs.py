@@ -213,7 +213,8 @@ def _seen(q: Any, queue: str) -> bool:
 
 def _check_handler(app: str, queue: str) -> None:
     """With --app: the queue must have a handler in it, or nothing would ever drain it."""
-    from drainer.registry import default_registry, load_app
+    from drainer.app import load_app
+    from drainer.registry import default_registry
 
     load_app(app)
     if queue not in default_registry.tasks:

@@ -20,7 +20,7 @@ from drainer.cli._output import print_json, seconds_arg
 from drainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from drainer.drain import RunReport
+    from drainer.drain.report import RunReport
     from drainer.recurring import Definition
     from drainer.scheduler import WakeSchedule
     from drainer.settings import Settings
@@ -115,7 +115,8 @@ def wake_schedule_from_args(args: argparse.Namespace) -> WakeSchedule:
 
 def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
     """Validate, print the awake estimate, run until SIGTERM/SIGINT."""
-    from drainer.scheduler import DRY_RUN_WAKES, check_schedule, run_schedule
+    from drainer.scheduler import DRY_RUN_WAKES, run_schedule
+    from drainer.wake_schedule import check_schedule
     from drainer.waking import estimate_interval, fmt_seconds, idle_timeout_of
 
     wakes = wake_schedule_from_args(args)
@@ -134,7 +135,7 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--no-auth only goes with --listen")
     definitions = _served_definitions(settings)
     if policy == "known-work" and definitions:
-        from drainer.recurring import known_work_estimate
+        from drainer.wake_schedule import known_work_estimate
 
         estimate = known_work_estimate(definitions, [d.queue for d in definitions], idle,
                                        settings.max_sleep, max_runtime, datetime.now(timezone.utc))

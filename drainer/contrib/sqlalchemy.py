@@ -33,9 +33,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from drainer import producer
+from drainer.job import DEFAULT_MAX_ATTEMPTS, QueueRef, queue_of
 from drainer.producer import EnqueueResult, JobSpec
-from drainer.registry import QueueRef, queue_of
-from drainer.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_SCHEMA, DEFAULT_TABLE
+from drainer.settings import DEFAULT_SCHEMA, DEFAULT_TABLE
 from drainer.trigger import fire_after_commit
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from drainer.registry import Job, Snooze
+from drainer.job import DEFAULT_RESULT_MAX_BYTES, Job, Snooze
 
 if TYPE_CHECKING:
     from drainer.db.rows import ClaimedRow
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 #: Longest error text kept in last_error.
 MAX_ERROR_CHARS = 4000
 
-#: Largest handler result kept (its JSON text, in bytes): the ``result_max_bytes`` setting.
-DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 
 
 @dataclass(slots=True)

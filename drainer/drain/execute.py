@@ -13,7 +13,6 @@ from collections import deque
 from collections.abc import Callable
 
 from drainer.drain.calls import (
-    DEFAULT_RESULT_MAX_BYTES,
     NO_CONTEXT,
     JobContext,
     Outcome,
@@ -21,6 +20,7 @@ from drainer.drain.calls import (
     raised,
     returned,
 )
+from drainer.job import DEFAULT_RESULT_MAX_BYTES
 
 
 class EventLoopThread:

@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from drainer.drain.calls import DEFAULT_RESULT_MAX_BYTES, JobContext, Outcome, Running, call
+from drainer.drain.calls import JobContext, Outcome, Running, call
 from drainer.drain.execute import EventLoopThread, HandlerThreads
+from drainer.job import DEFAULT_RESULT_MAX_BYTES
 
 if TYPE_CHECKING:
     from drainer.registry import Task

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from drainer import db
 from drainer.drain.calls import Running
 from drainer.drain.report import job_extra
-from drainer.registry import Job
+from drainer.job import Job
 
 if TYPE_CHECKING:
     import psycopg

@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     from drainer.drain.calls import Running
     from drainer.drain.leases import Heartbeat
     from drainer.drain.start import Plan
+    from drainer.job import Job
     from drainer.maintenance.vacuum import BetweenBatches
-    from drainer.registry import Job, Task
+    from drainer.registry import Task
 
 logger = logging.getLogger("drainer.drain")
 

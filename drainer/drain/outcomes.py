@@ -33,6 +33,7 @@ from drainer.db.loaders import UndecodablePayload
 from drainer.drain.calls import Outcome, Running
 from drainer.drain.clock import BatchClock
 from drainer.drain.tally import Tally
+from drainer.job import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
     from drainer.db.rows import ClaimedRow
@@ -43,9 +44,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("drainer.drain")
 
-#: A follow-up's max_attempts when neither it nor its queue's task sets one (the column's
-#: default, as enqueue's).
-DEFAULT_MAX_ATTEMPTS = 5
 
 
 def undecodable(r: Running) -> Outcome | None:

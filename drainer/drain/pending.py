@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from drainer.drain.outcomes import Outcomes
     from drainer.drain.report import RunReport
     from drainer.drain.statements import Statements
-    from drainer.registry import Job, Task
+    from drainer.job import Job
+    from drainer.registry import Task
 
 logger = logging.getLogger("drainer.drain")
 

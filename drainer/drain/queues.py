@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from drainer import queue_limits
+from drainer.app import load_app
 from drainer.errors import ConfigError
-from drainer.registry import load_app
 
 if TYPE_CHECKING:
     from drainer.drain.report import RunReport

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from drainer.drain.statements import Statements
-    from drainer.registry import Job
+    from drainer.job import Job
 
 #: With a progress line (a terminal), remaining due jobs are counted at most this often.
 PROGRESS_DUE_INTERVAL_S = 1.0

@@ -13,7 +13,7 @@ from drainer.drain.report import RunReport, job_extra
 
 if TYPE_CHECKING:
     from drainer.drain.calls import Outcome
-    from drainer.registry import Job
+    from drainer.job import Job
 
 logger = logging.getLogger("drainer.drain")
 

@@ -7,19 +7,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from drainer.db import Queries
+from drainer.maintenance import (
+    ARCHIVE_AFTER_DEFAULT,
+    ARCHIVE_BATCH_DEFAULT,
+    FAILED_RETENTION_DEFAULT,
+)
 
 if TYPE_CHECKING:
+    from drainer.db import Queries
     from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-#: Done jobs are archived this many seconds after they finished (``--archive-after``).
-ARCHIVE_AFTER_DEFAULT = 7 * 86400.0
-#: Failed jobs (the dead-letter queue) are kept this long (``--failed-retention``).
-FAILED_RETENTION_DEFAULT = 30 * 86400.0
-#: Rows one archive statement handles at most (``--archive-batch-size``).
-ARCHIVE_BATCH_DEFAULT = 10_000
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from psycopg.pq import TransactionStatus
 from drainer.db import Queries, one_line, timeout_kind
 
 logger = logging.getLogger(__name__)
-#: The VACUUM between batches logs as part of the drain (its lines predate this module).
+#: The VACUUM between batches is a step of the drain: it logs under the drain's name.
 drain_logger = logging.getLogger("drainer.drain")
 
 #: ANALYZE with the VACUUM when more rows changed since the last ANALYZE than this many plus
@@ -26,14 +26,6 @@ drain_logger = logging.getLogger("drainer.drain")
 #: autovacuum_analyze_scale_factor at their defaults).
 ANALYZE_BASE = 50
 ANALYZE_SCALE = 0.1
-#: After a drain, VACUUM when the table has at least this many dead tuples (0: never).
-VACUUM_THRESHOLD_DEFAULT = 1_000
-#: During a drain, VACUUM between batches after every this many finished jobs (0: never).
-VACUUM_EVERY_DEFAULT = 20_000
-#: statement_timeout (seconds) of drainer's VACUUMs, instead of the session's statement_timeout
-#: meant for job statements: the bloated table a VACUUM exists for is the one where it is slow
-#: (``--maintenance-timeout``; 0: none).
-MAINTENANCE_TIMEOUT_DEFAULT = 600.0
 
 
 @contextlib.contextmanager
@@ -60,14 +52,6 @@ def budget(queries: Queries, seconds: float | None) -> Iterator[None]:
             conn.execute("RESET statement_timeout")
         except psycopg.Error as exc:  # a broken connection: it is not used again
             logger.debug("RESET statement_timeout failed: %s", one_line(exc))
-
-
-@dataclass(frozen=True)
-class VacuumConfig:
-    """When drainer vacuums the jobs table (``--vacuum-threshold``, ``--vacuum-every``)."""
-
-    threshold: int = VACUUM_THRESHOLD_DEFAULT
-    every: int = VACUUM_EVERY_DEFAULT
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from drainer import trigger
+from drainer.job import DEFAULT_MAX_ATTEMPTS
 from drainer.producer import (
     EnqueueResult,
     JobSpec,
@@ -21,7 +22,7 @@ from drainer.producer import (
     enqueue_many_async,
 )
 from drainer.registry import Registry
-from drainer.settings import DEFAULT_MAX_ATTEMPTS, Settings
+from drainer.settings import Settings
 from tests.contrib._server import Counter
 from tests.contrib.conftest import count_jobs, payloads
 

@@ -92,6 +92,6 @@ def drainer_settings(args: list[str]) -> tuple[Any, Any]:
 
 def longest_idle_timeout() -> float:
     """The longest idle timeout of the platform presets drainer knows (seconds)."""
-    from drainer.settings import PLATFORM_IDLE_TIMEOUTS
+    from drainer.waking import PLATFORM_IDLE_TIMEOUTS
 
     return max(PLATFORM_IDLE_TIMEOUTS.values())

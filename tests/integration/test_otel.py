@@ -25,8 +25,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 from opentelemetry.util._once import Once
 
 from drainer import enqueue, enqueue_many, otel, run_once
+from drainer.job import Job
 from drainer.producer import JobSpec
-from drainer.registry import Job, Registry
+from drainer.registry import Registry
 from drainer.settings import Settings
 from tests.conftest import make_settings, run_cli
 

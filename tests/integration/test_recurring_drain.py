@@ -11,8 +11,9 @@ import psycopg
 from psycopg import sql
 
 from drainer import db, run_once
-from drainer.recurring import DrainSync, define, sync
-from drainer.registry import Job, Registry
+from drainer.job import Job
+from drainer.recurring import DrainSync, SyncResult, define, sync
+from drainer.registry import Registry
 from drainer.settings import Settings
 from tests.integration.test_run_cost import _round_trips, traced  # noqa: F401 - a fixture
 
@@ -87,11 +88,9 @@ def test_the_end_of_a_long_run_syncs_again_only_past_the_first_fire_time(
     drain.start(q)
     assert drain.first_next == datetime(2026, 12, 1, 9, 1, tzinfo=UTC)
     clock[0] += timedelta(seconds=20)
-    drain.finish(q)
-    assert drain.syncs == 1  # the run ended before 09:01: nothing to do
+    assert drain.finish(q) is None  # the run ended before 09:01: nothing to do
     clock[0] += timedelta(seconds=20)  # 09:01:10: the 09:01 occurrence may have run
-    drain.finish(q)
-    assert drain.syncs == 2
+    assert drain.finish(q) == SyncResult(inserted=1)
     times = [r[0] for r in conn.execute(sql.SQL(
         "SELECT scheduled_for FROM {} ORDER BY 1").format(
         sql.Identifier(migrated.schema_name, "jobs"))).fetchall()]

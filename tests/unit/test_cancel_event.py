@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from drainer.registry import CancelEvent, Job
+from drainer.job import CancelEvent, Job
 
 
 def test_behaves_as_an_event_across_threads() -> None:

@@ -225,8 +225,8 @@ def test_text_logs_print_the_error_once() -> None:
 def test_an_app_that_fails_to_import_shows_file_and_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, line: int,
         kind: str) -> None:
+    from drainer.app import load_app
     from drainer.errors import ConfigError
-    from drainer.registry import load_app
 
     name = f"cli19_app_{kind.lower()}"
     (tmp_path / f"{name}.py").write_text(source)
@@ -245,8 +245,8 @@ def test_an_app_that_fails_to_import_shows_file_and_line(
 ])
 def test_a_file_path_for_app_says_to_name_the_module(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, hint: str) -> None:
+    from drainer.app import load_app
     from drainer.errors import ConfigError
-    from drainer.registry import load_app
 
     (tmp_path / "cli19_tasks.py").write_text("")
     (tmp_path / "pkg19").mkdir()
@@ -260,8 +260,8 @@ def test_a_file_path_for_app_says_to_name_the_module(
 
 def test_a_missing_dependency_of_the_app_gets_no_file_path_hint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from drainer.app import load_app
     from drainer.errors import ConfigError
-    from drainer.registry import load_app
 
     (tmp_path / "cli19_deps.py").write_text("import no_such_dependency_cli19_b\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -9,7 +9,8 @@ import pytest
 
 import drainer
 from drainer.drain.calls import ResultError, call, result_json
-from drainer.registry import Job, Registry
+from drainer.job import Job
+from drainer.registry import Registry
 
 
 def job(queue: str = "q") -> Job:

@@ -10,7 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from drainer.cron import WakeSchedule, cron_weekdays, iter_fire_times, next_fire_times, parse_cron
+from drainer.cron import iter_fire_times, next_fire_times, parse_cron
+from drainer.wake_schedule import WakeSchedule
 
 UTC = timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -116,12 +117,6 @@ def test_bad_expressions_raise_value_error(expr: str) -> None:
         parse_cron(expr)
 
 
-def test_weekdays_are_written_with_names() -> None:
-    assert cron_weekdays("0") == cron_weekdays("7") == "sun"
-    assert cron_weekdays("1-5") == "mon,tue,wed,thu,fri"
-    assert cron_weekdays("0-6") == cron_weekdays("*") == "*"
-
-
 # -- DST ------------------------------------------------------------------------------------------
 
 
@@ -205,10 +200,10 @@ def test_same_fires_as_apscheduler_in_utc(expr: str, dow: str) -> None:
     assert next_fire_times(expr, UTC, NOW - timedelta(microseconds=1), 60) == theirs
 
 
-def test_the_module_imports_no_apscheduler() -> None:
-    code = ("import sys, datetime as d, drainer.cron as c\n"
+def test_cron_and_the_wake_schedule_import_no_apscheduler() -> None:
+    code = ("import sys, datetime as d, drainer.cron as c, drainer.wake_schedule as w\n"
             "c.next_fire_times('0 3 * * 0', d.timezone.utc, d.datetime.now(d.timezone.utc), 3)\n"
-            "c.WakeSchedule(cron='@daily', timezone=d.timezone.utc).min_gap()\n"
+            "w.WakeSchedule(cron='@daily', timezone=d.timezone.utc).min_gap()\n"
             "print(sorted(m for m in sys.modules if m.startswith('apscheduler')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

@@ -13,7 +13,8 @@ from drainer.drain.limits import Limits
 from drainer.drain.loop import Drain, Phase
 from drainer.drain.outcomes import Outcomes
 from drainer.drain.report import RunReport
-from drainer.registry import Job, Registry
+from drainer.job import Job
+from drainer.registry import Registry
 from tests.unit.fake_statements import FakeJobs
 
 

@@ -15,7 +15,6 @@ from drainer.drain.handlers import Handlers
 from drainer.drain.limits import MAX_JOBS, MAX_RUNTIME, SIGNAL, Limits, record
 from drainer.drain.outcomes import Outcomes
 from drainer.drain.report import RunReport
-from drainer.maintenance import archiver, vacuum
 from drainer.registry import Registry, Task
 from tests.unit.fake_statements import FakeJobs
 
@@ -298,23 +297,12 @@ def test_batch_clock() -> None:
     assert not clock.fast()
 
 
-def test_maintenance_defaults_match_the_settings() -> None:
-    from drainer import settings
-
-    assert archiver.ARCHIVE_BATCH_DEFAULT == settings.DEFAULT_ARCHIVE_BATCH
-    assert archiver.ARCHIVE_AFTER_DEFAULT == settings.DEFAULT_ARCHIVE_AFTER_S
-    assert archiver.FAILED_RETENTION_DEFAULT == settings.DEFAULT_FAILED_RETENTION_S
-    assert vacuum.VACUUM_THRESHOLD_DEFAULT == settings.DEFAULT_VACUUM_THRESHOLD
-    assert vacuum.VACUUM_EVERY_DEFAULT == settings.DEFAULT_VACUUM_EVERY
-    assert archiver.ArchiverConfig().batch_size == archiver.ARCHIVE_BATCH_DEFAULT
-
-
 def test_outcomes_tell_each_jobs_outcome_once() -> None:
     """Tally.on_outcome (the end of a job's OpenTelemetry span): succeeded, retried,
     failed, lost, whichever way the outcome went."""
     from datetime import datetime, timezone
 
-    from drainer.registry import Job
+    from drainer.job import Job
 
     class Statements:
         def complete_many(self, ids: Any, fences: Any, *, delete: bool = False,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from drainer.job import DEFAULT_MAX_ATTEMPTS
 from drainer.producer import JobSpec, _json_encoder
-from drainer.settings import DEFAULT_MAX_ATTEMPTS
 
 # Text with every code point, lone surrogates included (json.dumps escapes them).
 _TEXT = st.text(st.characters(blacklist_categories=()), max_size=12)

@@ -12,8 +12,8 @@ from drainer.scheduler import (
     DEFAULT_MAX_RUNTIME_CAP_S,
     WakeSchedule,
     check_schedule,
-    cron_weekdays,
 )
+from drainer.wake_schedule import known_work_wakes
 from drainer.waking import IdleTimeout
 
 UTC = timezone.utc
@@ -54,12 +54,6 @@ def test_seven_and_names_are_sunday_too(expr: str) -> None:
 ])
 def test_weekday_fields(dow: str, days: set[str]) -> None:
     assert {w.strftime("%a") for w in fires(f"0 3 * * {dow}", 21)} == days
-
-
-def test_conversion_never_passes_numbers_through() -> None:
-    assert cron_weekdays("0") == "sun"
-    assert cron_weekdays("1-5") == "mon,tue,wed,thu,fri"
-    assert cron_weekdays("0-6") == "*"
 
 
 def test_day_of_month_or_day_of_week_as_in_cron() -> None:
@@ -199,3 +193,12 @@ def test_pull_earlier(next_due: datetime | None, remaining: int,
                        next_due_at=None if next_due is None else next_due.isoformat())
     runner._pull_earlier(report, NOW)
     assert fake.modified == ([] if expected is None else [expected])
+
+
+def test_known_work_wakes_for_occurrences_and_the_safety_net_only() -> None:
+    # occurrences every 60 s, --max-sleep 600: the safety net never fires
+    assert known_work_wakes([60, 120, 180], 600, 0, 200) == [0, 60, 120, 180]
+    # a nightly occurrence, --max-sleep 6 h: the safety net fills the gaps
+    day = 86400.0
+    wakes = known_work_wakes([3 * 3600.0], 6 * 3600, 0, day)
+    assert wakes == [0, 3 * 3600, 9 * 3600, 15 * 3600, 21 * 3600]

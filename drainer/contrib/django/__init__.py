@@ -24,13 +24,14 @@ from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from drainer.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_SCHEMA, DEFAULT_TABLE
+from drainer.job import DEFAULT_MAX_ATTEMPTS
+from drainer.settings import DEFAULT_SCHEMA, DEFAULT_TABLE
 
 if TYPE_CHECKING:
     import psycopg
 
+    from drainer.job import QueueRef
     from drainer.producer import EnqueueResult, JobSpec
-    from drainer.registry import QueueRef
     from drainer.settings import Settings
 
 __all__ = ["database_url", "enqueue", "enqueue_many", "migrate_schema", "psycopg_connection"]
@@ -84,8 +85,8 @@ def enqueue(queue: QueueRef, payload: Any, *, run_at: datetime | None = None, pr
     handler (its queue: no name to misspell). Returns the job id (None for a dedup_key
     already queued or running).
     """
+    from drainer.job import queue_of
     from drainer.producer import enqueue as _enqueue
-    from drainer.registry import queue_of
 
     job_id = _enqueue(psycopg_connection(using), queue_of(queue), payload, run_at=run_at,
                       priority=priority, max_attempts=max_attempts, dedup_key=dedup_key,
@@ -102,8 +103,8 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]] | Iterable[Any], *,
     """:func:`drainer.producer.enqueue_many` (COPY) on Django's connection ``using``; with
     ``queue=`` (a name or a ``@task`` handler), ``jobs`` are payloads on that queue, with
     the ``options`` of :func:`enqueue`."""
+    from drainer.job import queue_of
     from drainer.producer import enqueue_many as _enqueue_many
-    from drainer.registry import queue_of
 
     result = _enqueue_many(psycopg_connection(using), jobs,
                            queue=None if queue is None else queue_of(queue), schema=schema,

@@ -44,7 +44,8 @@ def _names_an_app(args: Sequence[str]) -> bool:
     if os.environ.get("DRAINER_APP"):
         return True
     try:
-        from drainer.settings import Settings, read_pyproject
+        from drainer._pyproject import read_pyproject
+        from drainer.settings import Settings
 
         return bool(read_pyproject(set(Settings.model_fields)).get("app"))
     except Exception:  # drainer itself reports a broken pyproject
