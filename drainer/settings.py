@@ -83,7 +83,11 @@ DEFAULT_STATEMENT_TIMEOUT_S = 60.0
 DEFAULT_LOCK_TIMEOUT_S = 10.0
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S = 120.0
 DEFAULT_APPLICATION_NAME = "drainer"
-DEFAULT_DEAD_PEER_TIMEOUT_S = 10.0  # = drainer.db.DEAD_PEER_TIMEOUT_DEFAULT
+#: Within about this many seconds a connection notices a dead peer (a partition, a host that
+#: went away): TCP keepalives on an idle connection, tcp_user_timeout on unacknowledged data
+#: (drainer.db.connect.keepalive_options). Client-side socket options, so they work through
+#: poolers too; a frozen server whose kernel still answers is the --max-runtime watchdog's.
+DEFAULT_DEAD_PEER_TIMEOUT_S = 10.0
 DEFAULT_HANDLER_MARGIN_S = 10.0
 DEFAULT_HANDLER_BUDGET_S = 60.0  # Cloud Functions' default timeout
 

@@ -38,11 +38,7 @@ _PERMANENT = (
 )
 
 
-#: Within about this many seconds a connection notices a dead peer (a partition, a host that
-#: went away): TCP keepalives on an idle connection, tcp_user_timeout on unacknowledged data.
-#: Client-side socket options, so they work through poolers too. A frozen server process
-#: whose kernel still answers is not noticed this way: that is the --max-runtime watchdog's.
-DEAD_PEER_TIMEOUT_DEFAULT = 10.0
+#: TCP keepalive probes before a peer counts as dead (see keepalive_options).
 KEEPALIVE_COUNT = 3
 
 
