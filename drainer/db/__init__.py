@@ -6,10 +6,14 @@ result (:mod:`.loaders`) and the claim pipeline (:mod:`._pipeline`)."""
 from __future__ import annotations
 
 from drainer.db._pipeline import ClaimPipeline, sync_round_trip
-from drainer.db.connect import connect, keepalive_options
-from drainer.db.errors import one_line, prepared_statement_clash, timeout_kind
-from drainer.db.queries import Queries
-from drainer.db.rows import ClaimedRow, claim_order
+from drainer.db.connect import (
+           connect,
+           keepalive_options,
+           one_line,
+           prepared_statement_clash,
+           timeout_kind,
+)
+from drainer.db.queries import ClaimedRow, Queries, claim_order
 from drainer.db.statements import QUERIES, identifiers, regclass_literal
 
 __all__ = ["QUERIES", "ClaimPipeline", "ClaimedRow", "Queries", "claim_order", "connect",

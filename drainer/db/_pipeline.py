@@ -15,7 +15,7 @@ import psycopg
 from psycopg import pq
 
 from drainer.db.encoders import ints_text, positional, results_text
-from drainer.db.rows import ClaimedRow, claim_order, how_many_start
+from drainer.db.queries import ClaimedRow, claim_order, how_many_start
 
 if TYPE_CHECKING:
     from drainer.db.queries import Queries

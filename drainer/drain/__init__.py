@@ -1,11 +1,11 @@
 """The drain cycle: connect, start, claim and run until nothing is due, finish, exit.
 
-:func:`run_once` reads top to bottom. Its parts: :mod:`.queues` (which queues, which
-limits), :mod:`.start` (the first Query: schema check, reap, due queues, first claim, the
-end of an empty run), :mod:`.parts` (the loop's parts wired for one connection),
-:mod:`.loop` (the loop over claims, handlers and outcomes), :mod:`.end` (archive, vacuum,
-what is left), :mod:`.report` (the run report), :mod:`.watchdog` (the hard bound of
---max-runtime).
+:func:`run_once` reads top to bottom: which queues (:func:`resolve_queues`) under which
+limits (:mod:`.limits`), the first Query (:mod:`.start`: schema check, reap, due queues,
+first claim, the end of an empty run), the loop's parts wired for one connection
+(:func:`build`) and the loop over claims, handlers and outcomes (:mod:`.loop`), the end
+(:mod:`.end`: archive, vacuum, what is left), the report (:mod:`.report`), and the hard
+bound of --max-runtime (:mod:`.watchdog`).
 """
 
 from __future__ import annotations
@@ -20,19 +20,27 @@ from typing import TYPE_CHECKING, Any
 
 from drainer import db, otel
 from drainer._signals import on_stop_signals
-from drainer.drain import collector, end, start
-from drainer.drain.limits import MAX_RUNTIME, Limits, record
-from drainer.drain.parts import build
-from drainer.drain.queues import (
+from drainer.app import load_app
+from drainer.drain import collector, end, start, transaction
+from drainer.drain.calls import make_running
+from drainer.drain.claims import Claims
+from drainer.drain.end import maintenance_timeout
+from drainer.drain.handlers import Handlers
+from drainer.drain.leases import Heartbeat, heartbeat_interval
+from drainer.drain.limits import (
+    MAX_RUNTIME,
+    Limits,
     SettingLimits,
     limited_tasks,
-    resolve_queues,
+    record,
     setting_limits,
-    warn_unserved,
 )
+from drainer.drain.loop import Drain
+from drainer.drain.outcomes import Outcomes
 from drainer.drain.report import RunReport
 from drainer.drain.watchdog import Watchdog
-from drainer.maintenance import reaper
+from drainer.errors import ConfigError
+from drainer.maintenance import reaper, vacuum
 from drainer.migrate import check_version, latest_version
 from drainer.recurring import DrainSync
 from drainer.registry import Registry, default_registry
@@ -40,7 +48,7 @@ from drainer.registry import Registry, default_registry
 if TYPE_CHECKING:
     import psycopg
 
-    from drainer.drain.loop import Drain
+    from drainer.registry import Task
     from drainer.settings import Settings
 
 __all__ = ["RunReport", "resolve_queues", "run_once"]
@@ -224,6 +232,94 @@ class _Run:
         logger.info("received %s: stopping (no new claims; claimed jobs that did not start "
                     "are released; running jobs get the grace period)", name)
         self.limits.stop.set()
+
+
+def build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any],
+          q: db.Queries, report: RunReport, limits: Limits, hurry: threading.Event,
+          progress: Callable[[RunReport], None] | None, tasks: dict[str, Task],
+          tracing: otel.RunTracing | None = None) -> Drain:
+    """The loop over ``report.queues``; ``tasks``: the served queues' tasks with the run's
+    limits in force; ``tracing``: each handler call in a job span, ended with its outcome."""
+
+    def lease(task: Task) -> float:
+        return task.lease if task.lease is not None else settings.lease
+
+    handlers = Handlers(settings.concurrency, settings.batch_size, settings.job_timeout,
+                        may_start=lambda: not limits.must_release(),
+                        context=None if tracing is None else otel.JobSpan)
+    handlers.result_max_bytes = settings.result_max_bytes
+    pipelined = db.ClaimPipeline.supported() and settings.pipeline_depth >= 2
+    outcomes = Outcomes(q, report, delete=settings.delete_on_complete,
+                        retry_base=settings.retry_base, retry_cap=settings.retry_cap,
+                        pipeline=db.ClaimPipeline(q) if pipelined else None)
+    outcomes.tasks = registry.tasks
+    if tracing is not None:
+        outcomes.tally.on_outcome = tracing.outcome
+    runner = transaction.TransactionRunner(
+        settings, q, outcomes, report,
+        lambda t, row: make_running(t, row, lease(t), handlers.timeout(t)), lease,
+        grace=settings.grace, stopping=limits.must_release, hurry=hurry,
+        context=handlers.context)
+
+    def free_slots() -> int:
+        # the jobs of an in-step claim that start at once: one when sequential
+        return 1 if settings.concurrency == 1 else \
+            settings.concurrency - handlers.in_flight()
+
+    claims = Claims(q, outcomes, report, tasks, batch_size=settings.batch_size,
+                    max_jobs=settings.max_jobs,
+                    depth=settings.pipeline_depth if pipelined else 1,
+                    combine=not settings.delete_on_complete, lease=lease,
+                    run_in_transaction=runner.run_batch, free_slots=free_slots,
+                    room=handlers.free,
+                    # a Sync is timed when no claim is in flight and no handler runs (the
+                    # loop's step checks; concurrent fast handlers go idle when a claim
+                    # takes longer than they do, which is when growing it pays)
+                    probe=(lambda: db.sync_round_trip(conn.pgconn))
+                    if db.ClaimPipeline.supported() else None)
+    drain = Drain(report, q, claims, handlers, outcomes, limits,
+                  vacuum.BetweenBatches(q, settings.vacuum_every,
+                                        maintenance_timeout(settings, None)),
+                  batch_size=settings.batch_size, grace=settings.grace, hurry=hurry,
+                  lease=lease, progress=progress, on_close=runner.close)
+    drain.tail.linger = settings.retry_linger
+    interval = heartbeat_interval([lease(registry.tasks[name]) for name in report.queues])
+    drain.heartbeat = Heartbeat(settings, report.run_id, interval, drain.leases,
+                                handlers.lock)
+    return drain
+
+
+def resolve_queues(settings: Settings, registry: Registry) -> list[str]:
+    """The queues this drain claims: those with handlers, or the --queue subset of them."""
+    if settings.app:
+        load_app(settings.app)
+    known = registry.queues()
+    if not known:
+        raise ConfigError(
+            "no handlers registered: name the module with your @task functions in "
+            "DRAINER_APP or --app"
+        )
+    if not settings.queues:
+        return known
+    missing = [q for q in settings.queues if q not in registry.tasks]
+    if missing:
+        raise ConfigError(
+            f"no handler for queue {', '.join(map(repr, missing))} (handlers exist for: "
+            f"{', '.join(known)})"
+        )
+    return list(dict.fromkeys(settings.queues))
+
+
+def warn_unserved(report: RunReport, served: list[str]) -> None:
+    """One warning line for due jobs that no handler of this app will ever claim."""
+    if not report.unserved_due:
+        return
+    jobs = sum(report.unserved_due.values())
+    listed = ", ".join(f"{q!r} ({n})" for q, n in report.unserved_due.items())
+    logger.warning("%d due job(s) on queues no handler serves: %s; nothing drains them "
+                   "(a misspelt queue name? handlers exist for: %s)", jobs, listed,
+                   ", ".join(served),
+                   extra={"run_id": report.run_id, "unserved_due": report.unserved_due})
 
 
 def _push_metrics(settings: Settings, report: RunReport) -> None:

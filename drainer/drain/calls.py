@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from drainer.job import DEFAULT_RESULT_MAX_BYTES, Job, Snooze
 
 if TYPE_CHECKING:
-    from drainer.db.rows import ClaimedRow
+    from drainer.db.queries import ClaimedRow
     from drainer.registry import Task
 
 #: Longest error text kept in last_error.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from drainer.db.rows import ClaimedRow
+from drainer.db.queries import ClaimedRow
 from drainer.drain.clock import BatchClock
 
 if TYPE_CHECKING:

@@ -23,14 +23,13 @@ from drainer.drain.clock import BatchClock
 from drainer.drain.handlers import Handlers
 from drainer.drain.limits import Limits, record
 from drainer.drain.outcomes import Outcomes
-from drainer.drain.pace import Pace
+from drainer.drain.pace import Pace, Tail
 from drainer.drain.pending import Pending
 from drainer.drain.report import Progress, RunReport, job_extra
 from drainer.drain.statements import Statements
-from drainer.drain.tail import Tail
 
 if TYPE_CHECKING:
-    from drainer.db.rows import ClaimedRow
+    from drainer.db.queries import ClaimedRow
     from drainer.drain.calls import Running
     from drainer.drain.leases import Heartbeat
     from drainer.drain.start import Plan

@@ -14,7 +14,7 @@ fenced statement per kind, by one of five ways:
 A statement that carries successes with something else rolls back whole on a deadlock
 (another drainer's claim or archive met it): :meth:`Outcomes._deadlocked` is the one
 fallback, which puts them back to be written again. What was written is counted by
-:class:`~drainer.drain.tally.Tally`.
+:class:`~drainer.drain.report.Tally`.
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from drainer.db.errors import one_line
+from drainer.db.connect import one_line
 from drainer.db.loaders import UndecodablePayload
 from drainer.drain.calls import Outcome, Running
 from drainer.drain.clock import BatchClock
-from drainer.drain.tally import Tally
+from drainer.drain.report import Tally
 from drainer.job import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
-    from drainer.db.rows import ClaimedRow
+    from drainer.db.queries import ClaimedRow
     from drainer.drain.claims import Claim
     from drainer.drain.report import RunReport
     from drainer.drain.statements import Pipeline, Statements

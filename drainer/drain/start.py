@@ -37,15 +37,14 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from drainer.db.encoders import PLACEHOLDER
-from drainer.db.queries import finish_params, finish_row
-from drainer.db.rows import ClaimedRow, claim_order, how_many_start
+from drainer.db.queries import ClaimedRow, claim_order, finish_params, finish_row, how_many_start
 from drainer.db.statements import QUERIES, identifiers, regclass_literal
 from drainer.drain.claims import combinable, first_claim_size
 from drainer.queue_limits import Control, Rate
 
 if TYPE_CHECKING:
     from drainer.db.queries import Queries
-    from drainer.drain.queues import SettingLimits
+    from drainer.drain.limits import SettingLimits
     from drainer.registry import Registry
     from drainer.settings import Settings
 
