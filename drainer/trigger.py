@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from drainer.job import QueueRef
+    from drainer.producer import EnqueueResult
     from drainer.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -91,15 +92,50 @@ async def wait_fired() -> None:
         await asyncio.gather(*_PENDING)
 
 
-class TriggerTransaction:
-    """The open transaction of :func:`transaction`: enqueue through it, or mark it."""
+class _Transaction:
+    """What the sync and the async trigger transactions share: the count of jobs that
+    asks for the trigger, and where they go."""
 
-    def __init__(self, conn: psycopg.Connection[Any], settings: Settings) -> None:
+    def __init__(self, conn: Any, settings: Settings) -> None:
         self.conn = conn
         self.settings = settings
         self.enqueued = 0
         self.fired: bool | None = None
         """None until the block ends; then whether the trigger answered 2xx."""
+
+    def mark(self, n: int = 1) -> None:
+        """Ask for a drain after commit for jobs inserted some other way (plain SQL)."""
+        self.enqueued += n
+
+    def _where(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The producer's options, on this transaction's schema and table."""
+        return {"schema": self.settings.schema_name, "table": self.settings.table, **options}
+
+    def _one(self, job_id: int | None) -> int | None:
+        if job_id is not None:
+            self.enqueued += 1
+        return job_id
+
+    def _many(self, result: EnqueueResult) -> int:
+        self.enqueued += result.enqueued
+        return result.enqueued
+
+
+def _check_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+                name: str) -> None:
+    from psycopg import pq
+
+    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        raise ValueError(
+            f"drainer.trigger.{name} needs a connection with no transaction open: the "
+            "trigger must fire after the commit, which an outer transaction would delay"
+        )
+
+
+class TriggerTransaction(_Transaction):
+    """The open transaction of :func:`transaction`: enqueue through it, or mark it."""
+
+    conn: psycopg.Connection[Any]
 
     def enqueue(self, queue: QueueRef, payload: Any, **options: Any) -> int | None:
         """:func:`drainer.producer.enqueue` on this transaction's connection and table
@@ -107,11 +143,7 @@ class TriggerTransaction:
         from drainer.job import queue_of
         from drainer.producer import enqueue
 
-        job_id = enqueue(self.conn, queue_of(queue), payload, schema=self.settings.schema_name,
-                         table=self.settings.table, **options)
-        if job_id is not None:
-            self.enqueued += 1
-        return job_id
+        return self._one(enqueue(self.conn, queue_of(queue), payload, **self._where(options)))
 
     def enqueue_many(self, jobs: Iterable[Any], *, queue: QueueRef | None = None,
                      **options: Any) -> int:
@@ -120,15 +152,9 @@ class TriggerTransaction:
         from drainer.job import queue_of
         from drainer.producer import enqueue_many
 
-        result = enqueue_many(self.conn, jobs, queue=None if queue is None else queue_of(queue),
-                              schema=self.settings.schema_name, table=self.settings.table,
-                              **options)
-        self.enqueued += result.enqueued
-        return result.enqueued
-
-    def mark(self, n: int = 1) -> None:
-        """Ask for a drain after commit for jobs inserted some other way (plain SQL)."""
-        self.enqueued += n
+        return self._many(enqueue_many(self.conn, jobs,
+                                       queue=None if queue is None else queue_of(queue),
+                                       **self._where(options)))
 
 
 @contextmanager
@@ -148,29 +174,20 @@ def transaction(conn: psycopg.Connection[Any], settings: Settings,
     drain takes it. ``conn`` must have no transaction open (otherwise the commit would
     not be ours to see): raises ValueError.
     """
-    from psycopg import AsyncConnection, pq
+    from psycopg import AsyncConnection
 
     if isinstance(conn, AsyncConnection):
         raise TypeError("drainer.trigger.transaction needs a psycopg.Connection; for a "
                         "psycopg.AsyncConnection use `async with "
                         "drainer.trigger.transaction_async(conn, settings) as tx`")
-    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-        raise ValueError(
-            "drainer.trigger.transaction needs a connection with no transaction open: the "
-            "trigger must fire after the commit, which an outer transaction would delay"
-        )
+    _check_idle(conn, "transaction")
     tx = TriggerTransaction(conn, settings)
     committed = False
     with conn.transaction():
         yield tx
         committed = True  # the block ended normally; COMMIT errors raise out of the `with`
-    if not committed:  # psycopg.Rollback raised in the block: rolled back, swallowed
-        tx.fired = False
-        return
-    if tx.enqueued:
-        tx.fired = fire(settings, timeout=timeout)
-    else:
-        tx.fired = False
+    # not committed: psycopg.Rollback raised in the block, rolled back and swallowed
+    tx.fired = committed and tx.enqueued > 0 and fire(settings, timeout=timeout)
 
 
 def enqueue_and_trigger(conn: psycopg.Connection[Any], settings: Settings, queue: str,
@@ -180,15 +197,10 @@ def enqueue_and_trigger(conn: psycopg.Connection[Any], settings: Settings, queue
         return tx.enqueue(queue, payload, **options)
 
 
-class AsyncTriggerTransaction:
+class AsyncTriggerTransaction(_Transaction):
     """The open transaction of :func:`transaction_async`: enqueue through it, or mark it."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], settings: Settings) -> None:
-        self.conn = conn
-        self.settings = settings
-        self.enqueued = 0
-        self.fired: bool | None = None
-        """None until the block ends; then whether the trigger answered 2xx."""
+    conn: psycopg.AsyncConnection[Any]
 
     async def enqueue(self, queue: QueueRef, payload: Any, **options: Any) -> int | None:
         """:func:`drainer.producer.enqueue_async` on this transaction's connection and table
@@ -196,12 +208,8 @@ class AsyncTriggerTransaction:
         from drainer.job import queue_of
         from drainer.producer import enqueue_async
 
-        job_id = await enqueue_async(self.conn, queue_of(queue), payload,
-                                     schema=self.settings.schema_name,
-                                     table=self.settings.table, **options)
-        if job_id is not None:
-            self.enqueued += 1
-        return job_id
+        return self._one(await enqueue_async(self.conn, queue_of(queue), payload,
+                                             **self._where(options)))
 
     async def enqueue_many(self, jobs: Iterable[Any], *, queue: QueueRef | None = None,
                            **options: Any) -> int:
@@ -210,15 +218,9 @@ class AsyncTriggerTransaction:
         from drainer.job import queue_of
         from drainer.producer import enqueue_many_async
 
-        result = await enqueue_many_async(
+        return self._many(await enqueue_many_async(
             self.conn, jobs, queue=None if queue is None else queue_of(queue),
-            schema=self.settings.schema_name, table=self.settings.table, **options)
-        self.enqueued += result.enqueued
-        return result.enqueued
-
-    def mark(self, n: int = 1) -> None:
-        """Ask for a drain after commit for jobs inserted some other way (plain SQL)."""
-        self.enqueued += n
+            **self._where(options)))
 
 
 @asynccontextmanager
@@ -235,22 +237,13 @@ async def transaction_async(conn: psycopg.AsyncConnection[Any], settings: Settin
     was enqueued, a short timeout, never raises (the POST runs in a worker thread, the
     event loop is not blocked). ``conn`` must have no transaction open: ValueError.
     """
-    from psycopg import pq
-
-    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-        raise ValueError(
-            "drainer.trigger.transaction_async needs a connection with no transaction open: "
-            "the trigger must fire after the commit, which an outer transaction would delay"
-        )
+    _check_idle(conn, "transaction_async")
     tx = AsyncTriggerTransaction(conn, settings)
     committed = False
     async with conn.transaction():
         yield tx
         committed = True
-    if not committed:
-        tx.fired = False
-        return
-    tx.fired = await fire_async(settings, timeout=timeout) if tx.enqueued else False
+    tx.fired = committed and tx.enqueued > 0 and await fire_async(settings, timeout=timeout)
 
 
 async def enqueue_and_trigger_async(conn: psycopg.AsyncConnection[Any], settings: Settings,

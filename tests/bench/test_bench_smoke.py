@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -99,3 +100,16 @@ def test_bench_smoke_of_the_link_and_io_sections(pg_url: str, bench_db: str,
     assert plots.main([str(out.with_suffix(".json")), "--charts-only", "--out",
                        str(tmp_path / "charts")]) == 0
     check_charts(results, tmp_path / "charts")
+
+
+def test_the_own_copy_text_still_saves_client_cpu(pg_url: str, bench_db: str) -> None:
+    # bench.copy_text exits 1 when enqueue_many's COPY text encoder no longer saves a third
+    # of write_row's client CPU on small payloads: then it would not pay its keep
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.copy_text", "5000", "3"], capture_output=True,
+        text=True, timeout=240, cwd=ROOT,
+        env={**os.environ, "BENCH_SERVER_URL": pg_url, "BENCH_AB_DATABASE": bench_db},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| small")]
+    assert len(rows) == 4, proc.stdout

@@ -16,8 +16,17 @@ from psycopg import sql
 from psycopg.copy import Writer
 from psycopg.types.json import set_json_dumps
 
-from drainer import producer
 from drainer.producer import JobSpec, enqueue_many
+from drainer.producer._bulk import plan
+from drainer.producer._copy_text import (
+    CHUNK_ROWS,
+    NOW_TYPES,
+    NowText,
+    Payloads,
+    queue_field,
+    stock_text_copy,
+)
+from drainer.producer._steps import Copy, write
 from drainer.settings import Settings
 
 
@@ -35,7 +44,8 @@ def _copy_bytes(conn: psycopg.Connection[Any], specs: Sequence[JobSpec],
     out = _Capture()
     try:
         with psycopg.Copy(conn.cursor(), binary=False, writer=out) as copy:
-            producer._write_now(copy, specs, text=text)
+            rows = NowText(specs, text)
+            write(copy, Copy("", NOW_TYPES, rows.rows(), rows))
     except Exception as exc:
         return type(exc), str(exc)
     return bytes(out.data)
@@ -88,12 +98,13 @@ def test_an_odd_job_after_others_gets_what_write_row_gives(conn: psycopg.Connect
 
 
 def test_own_text_covers_a_plain_batch_in_chunks(conn: psycopg.Connection[Any]) -> None:
-    specs = [JobSpec("q", {"n": i, "s": "x\\y"}) for i in range(3 * producer._CHUNK_ROWS + 5)]
-    out = _Capture()
-    with psycopg.Copy(conn.cursor(), binary=False, writer=out) as copy:
-        assert producer._write_now_text(copy, specs) == len(specs)
-    assert bytes(out.data) == _copy_bytes(conn, specs, text=False)
-    assert producer._stock_text_copy(conn.cursor())
+    specs = [JobSpec("q", {"n": i, "s": "x\\y"}) for i in range(3 * CHUNK_ROWS + 5)]
+    rows = NowText(specs, text=True)
+    chunks = list(rows)
+    assert len(chunks) == 4 and rows.stopped is None and rows.written == len(specs)
+    assert list(rows.rows()) == []  # no row was left for write_row
+    assert "".join(chunks).encode() == _copy_bytes(conn, specs, text=False)
+    assert stock_text_copy(conn.cursor())
 
 
 def _rows(conn: psycopg.Connection[Any], schema: str) -> list[tuple[Any, ...]]:
@@ -143,12 +154,12 @@ def test_a_connections_json_dumps_is_used(migrated: Settings, pg_url: str) -> No
     when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         set_json_dumps(lambda obj: json.dumps(obj, default=str), conn)
-        assert not producer._stock_text_copy(conn.cursor())
+        assert not stock_text_copy(conn.cursor())
         enqueue_many(conn, [JobSpec("a", {"at": when})], schema=migrated.schema_name)
         assert _rows(conn, migrated.schema_name) == [("a", {"at": str(when)}, 0, 5)]
 
 
-_PLAIN_QUEUES = _QUEUES.filter(lambda q: producer._queue_field(q) is not None)
+_PLAIN_QUEUES = _QUEUES.filter(lambda q: queue_field(q) is not None)
 
 
 @settings(max_examples=200, deadline=None,
@@ -160,13 +171,14 @@ def test_payloads_on_one_queue_are_what_write_row_sends(
         conn: psycopg.Connection[Any], queue: str, payloads: list[Any], priority: int,
         max_attempts: int) -> None:
     # enqueue_many(conn, payloads, queue=...): the bytes of the same JobSpecs
-    form = producer._Payloads.of(queue, payloads, None, priority, max_attempts, None,
-                                 conn.cursor())
-    assert isinstance(form, producer._Payloads)
+    steps = plan(conn.cursor(), payloads, queue, None, priority, max_attempts, None, "s", "t")
+    assert steps is not None
+    step = next(steps)
+    assert isinstance(step, Copy) and isinstance(step.chunks, Payloads)  # no JobSpec built
+    form = step.chunks
     out = _Capture()
     with psycopg.Copy(conn.cursor(), binary=False, writer=out) as copy:
-        for chunk in form:
-            copy.write(chunk)
+        write(copy, step)
     specs = [JobSpec(queue, p, priority=priority, max_attempts=max_attempts) for p in payloads]
     assert bytes(out.data) == _copy_bytes(conn, specs, text=False)
     assert form.written == len(payloads)

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drainer.job import DEFAULT_MAX_ATTEMPTS
-from drainer.producer import JobSpec, _json_encoder
+from drainer.producer import JobSpec
+from drainer.producer._copy_text import json_encoder
 
 # Text with every code point, lone surrogates included (json.dumps escapes them).
 _TEXT = st.text(st.characters(blacklist_categories=()), max_size=12)
@@ -30,7 +31,7 @@ _JSON = st.recursive(
 @settings(max_examples=400)
 @given(st.lists(_JSON, max_size=5))
 def test_the_batch_encoder_writes_what_json_dumps_writes(payloads: list[Any]) -> None:
-    encode = _json_encoder()  # one encoder for the whole batch, as enqueue_many uses it
+    encode = json_encoder()  # one encoder for the whole batch, as enqueue_many uses it
     assert [encode(p) for p in payloads] == [json.dumps(p) for p in payloads]
 
 
@@ -44,15 +45,15 @@ def _error(fn: Any, value: Any) -> tuple[type[BaseException], str]:
     {1, 2}, {"a": [object()]}, {(1, 2): 1}, b"bytes", [1, {"x": complex(1, 2)}],
 ])
 def test_the_batch_encoder_fails_as_json_dumps_does(bad: Any) -> None:
-    assert _error(_json_encoder(), bad) == _error(json.dumps, bad)
+    assert _error(json_encoder(), bad) == _error(json.dumps, bad)
 
 
 def test_the_batch_encoder_finds_circular_references_and_starts_clean() -> None:
     loop: list[Any] = []
     loop.append(loop)
-    assert _error(_json_encoder(), loop) == _error(json.dumps, loop)
+    assert _error(json_encoder(), loop) == _error(json.dumps, loop)
     shared = {"a": 1}
-    encode = _json_encoder()  # the same object in many payloads is not a cycle
+    encode = json_encoder()  # the same object in many payloads is not a cycle
     assert [encode([shared, shared]) for _ in range(3)] == [json.dumps([shared, shared])] * 3
     assert encode(math.inf) == "Infinity" and encode("\u2603") == '"\\u2603"'
 
