@@ -4,7 +4,7 @@ slowest header sender; :class:`GuardedHandler`: a deadline on the request header
 bodies), the trigger's routes (POST /drain, GET /healthz, GET /runs/<id>) and
 :class:`HttpHost`, its start and shutdown order. What a trigger does (the coalesced drains)
 is in drainer/serve.py, which re-exports the names here; the dashboard's routes are in
-drainer/ui/server.py."""
+drainer/ui/routes.py."""
 
 from __future__ import annotations
 
