@@ -103,7 +103,6 @@ def _static(args: argparse.Namespace, settings: Settings, registry: Registry) ->
     if sample != 0 and not 1 <= sample <= MAX_SAMPLE_S:
         raise ConfigError(f"--sample-seconds: 0, or 1s to {MAX_SAMPLE_S:.0f}s")
     written = write_static(settings, args.static, registry=registry, sample_s=sample)
-    logger.info("wrote %d pages to %s", len(written), args.static)
     emit({"directory": args.static, "pages": len(written)},
          lambda r: f"wrote {r['pages']} pages to {r['directory']} (open index.html)",
          as_json=False)

@@ -223,6 +223,7 @@ class Dashboard:
         try:
             return self._route(method, path, query, form, headers, visitor, frame)
         except DrainerError as exc:
+            logger.warning("%s %s: %s", method, path, redact(str(exc)))
             return self._error(frame, exc)
         except Exception as exc:  # a database error: one line, no traceback, no secret
             logger.error("%s %s: %s: %s", method, path, type(exc).__name__,

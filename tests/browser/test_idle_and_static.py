@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from bench.cli import _db_counters
 from tests.browser._cdp import Browser
 from tests.browser._demo import SERIES, Demo
 from tests.browser.conftest import SCHEMA, TOKEN, shot
@@ -30,13 +31,10 @@ QUIET_S = 3.0
 
 
 def _counters(pg_url: str, database: str) -> tuple[int, int]:
-    """(sessions ever opened, transactions ended) of ``database``, read from another one."""
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute("SELECT sessions, xact_commit + xact_rollback FROM "
-                           "pg_stat_database WHERE datname = %s", [database]).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
+    """(sessions ever opened, transactions ended) of ``database``, read from another one
+    (the benchmarks' reading of pg_stat_database)."""
+    xacts, sessions = _db_counters(pg_url, database)
+    return sessions, xacts
 
 
 def _sessions_now(conn: psycopg.Connection[Any], database: str) -> list[tuple[Any, ...]]:
