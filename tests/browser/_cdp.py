@@ -100,7 +100,12 @@ class Browser:
                 if event.get("method") == method:
                     del self.events[:i + 1]
                     return event
-            self.events.append(self._read_message(deadline))
+            try:
+                self.events.append(self._read_message(deadline))
+            except BrowserError as exc:
+                seen = [e.get("method") for e in self.events[-8:]]
+                raise BrowserError(f"waiting for {method}: {exc}; last events {seen}"
+                                   ) from None
 
     # -- what a person does -------------------------------------------------------------------
     def open(self, url: str) -> None:

@@ -35,6 +35,7 @@ from tests.conftest import run_cli
 
 TOKEN = "ui-test-token-0123456789"
 HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
+ODD_QUEUE = "<marquee>odd queue</marquee>"
 
 
 @dataclass
@@ -100,7 +101,7 @@ def _serve(settings: Settings, token: str | None, *, host: str = "127.0.0.1",
 def jobs(migrated: Settings, conn: psycopg.Connection[Any]) -> dict[str, int]:
     s = migrated
     ids = {"queued": enqueue(conn, "mail", {"n": 1}, schema=s.schema_name),
-           "hostile": enqueue(conn, "<marquee>odd queue</marquee>", {"x": HOSTILE}, schema=s.schema_name)}
+           "hostile": enqueue(conn, ODD_QUEUE, {"x": HOSTILE}, schema=s.schema_name)}
     failed = enqueue(conn, "mail", {"n": 2}, schema=s.schema_name)
     conn.execute(sql.SQL("UPDATE {} SET status = 'failed', attempts = 5, finished_at = now(), "
                          "last_error = %s WHERE id = ANY(%s)").format(
@@ -264,6 +265,11 @@ def test_a_script_can_act_with_the_bearer_token_and_is_fenced_as_the_cli(
         "job": str(jobs["queued"]), "confirm": "yes"}, headers=bearer)
     assert re.search(r"<dt>cancelled queued</dt><dd>1</dd>", page)
     assert _status(served.settings, jobs["queued"]) == "failed"
+    # a queue's failed jobs: the hostile queue's one
+    status, _, page = served.request("POST", "/act/retry", form={
+        "queue": ODD_QUEUE, "confirm": "yes"}, headers=bearer)
+    assert re.search(r"<dt>retried</dt><dd>1</dd>", page), page[-800:]
+    assert _status(served.settings, jobs["hostile"]) == "queued"
 
 
 def test_limits_are_set_through_their_confirm_step(served: Served) -> None:
@@ -301,8 +307,8 @@ class _Tags(HTMLParser):
 
 def test_payloads_errors_and_queue_names_are_escaped(served: Served,
                                                      jobs: dict[str, int]) -> None:
-    for path in ("/", "/jobs", f"/jobs/{jobs['hostile']}", "/jobs?queue=%3Cmarquee%3Eodd+queue%3C/marquee%3E",
-                 "/jobs?error=%3Cscript%3E"):
+    for path in ("/", "/jobs", f"/jobs/{jobs['hostile']}",
+                 "/jobs?" + urlencode({"queue": ODD_QUEUE}), "/jobs?error=%3Cscript%3E"):
         status, headers, page = served.request("GET", path)
         assert status == 200, path
         assert "script-src" not in headers["content-security-policy"]  # no script at all
@@ -310,7 +316,7 @@ def test_payloads_errors_and_queue_names_are_escaped(served: Served,
         p.feed(page)
         assert not {"script", "img", "marquee"} & set(p.tags), (path, set(p.tags))
         text = "".join(p.text)
-        assert "<marquee>odd queue</marquee>" in text, path
+        assert ODD_QUEUE in text, path
         if path != "/":
             assert "<script>" in text, path
 
