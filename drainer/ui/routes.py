@@ -106,8 +106,10 @@ def _int(query: Mapping[str, str], name: str) -> int | None:
 
 
 def _safe_next(value: str | None) -> str:
-    """Where to go after signing in: a path of this server only (no //host, no scheme)."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+    """Where to go after signing in: a path of this server only (no //host, no scheme, and
+    nothing that would end the Location header: it is sent as it is)."""
+    if (not value or not value.startswith("/") or value.startswith("//") or "\\" in value
+            or not value.isprintable() or not value.isascii()):
         return "/"
     return value
 

@@ -124,7 +124,8 @@ def test_loopback_names() -> None:
 def test_cookies_and_where_a_sign_in_may_go_next() -> None:
     assert parse_cookies("a=1; drainer_ui=x.y.z; b") == {"a": "1", "drainer_ui": "x.y.z"}
     assert _safe_next("/jobs?status=failed") == "/jobs?status=failed"
-    for bad in (None, "", "//evil.example/", "http://evil.example/", "/\\evil", "jobs"):
+    for bad in (None, "", "//evil.example/", "http://evil.example/", "/\\evil", "jobs",
+                "/\r\nSet-Cookie: x=1", "/jobs\x00", "/jöbs"):
         assert _safe_next(bad) == "/", bad
 
 
