@@ -1,8 +1,10 @@
-"""The HTTP side of ``drainer serve`` and ``drainer schedule --listen``: the server and its
-defences (a cap on open connections that evicts the slowest header sender, a deadline on
-the request headers, bounded bodies), the routes (POST /drain, GET /healthz, GET
-/runs/<id>) and :class:`HttpHost`, its start and shutdown order. What a trigger does (the
-coalesced drains) is in drainer/serve.py, which re-exports the names here."""
+"""The HTTP side of ``drainer serve``, ``drainer schedule --listen`` and ``drainer ui``: the
+server and its defences (:class:`GuardedServer`: a cap on open connections that evicts the
+slowest header sender; :class:`GuardedHandler`: a deadline on the request headers, bounded
+bodies), the trigger's routes (POST /drain, GET /healthz, GET /runs/<id>) and
+:class:`HttpHost`, its start and shutdown order. What a trigger does (the coalesced drains)
+is in drainer/serve.py, which re-exports the names here; the dashboard's routes are in
+drainer/ui/routes.py."""
 
 from __future__ import annotations
 
@@ -68,18 +70,19 @@ class _Conn:
         self.evicted = False
 
 
-class Server(ThreadingHTTPServer):
+class GuardedServer(ThreadingHTTPServer):
+    """A threading HTTP server with at most ``max_connections`` open connections (see
+    MAX_CONNECTIONS), for handlers derived from :class:`GuardedHandler`."""
+
     daemon_threads = True
     allow_reuse_address = True
     # socketserver's default backlog of 5 drops a burst of triggers' SYNs (clients then
     # retry after 1 s); a burst of producers committing at once is the normal case here.
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], coalescer: Coalescer,
-                 token: str | None, max_connections: int | None = None) -> None:
-        super().__init__(address, Handler)
-        self.coalescer = coalescer
-        self.expected = None if token is None else f"Bearer {token}".encode()
+    def __init__(self, address: tuple[str, int], handler: type[GuardedHandler],
+                 max_connections: int | None = None) -> None:
+        super().__init__(address, handler)
         self.max_connections = max_connections or MAX_CONNECTIONS
         self._slots = threading.BoundedSemaphore(self.max_connections)
         self._conns: dict[Any, _Conn] = {}
@@ -149,6 +152,16 @@ class Server(ThreadingHTTPServer):
         self._slots.release()
 
 
+class Server(GuardedServer):
+    """The server of POST /drain: the guarded server with the trigger's routes."""
+
+    def __init__(self, address: tuple[str, int], coalescer: Coalescer,
+                 token: str | None, max_connections: int | None = None) -> None:
+        super().__init__(address, Handler, max_connections)
+        self.coalescer = coalescer
+        self.expected = None if token is None else f"Bearer {token}".encode()
+
+
 class _DeadlineReader(io.RawIOBase):
     """The socket's reads, each bounded by what is left until ``deadline`` (monotonic):
     a total limit on the request line and headers, however slowly they trickle in."""
@@ -177,8 +190,11 @@ class _DeadlineReader(io.RawIOBase):
         return n
 
 
-class Handler(BaseHTTPRequestHandler):
-    server: Server
+class GuardedHandler(BaseHTTPRequestHandler):
+    """The request side of :class:`GuardedServer`: the header deadline, the per-read
+    timeout, eviction at the connection cap, bounded bodies, JSON answers."""
+
+    server: GuardedServer
     server_version = "drainer"
     sys_version = ""
     timeout = REQUEST_TIMEOUT_S  # a client that sends nothing does not hold a thread forever
@@ -223,19 +239,12 @@ class Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(data)
 
-    def _authorized(self) -> bool:
-        expected = self.server.expected
-        if expected is None:
-            return True
-        given = self.headers.get("Authorization", "").encode("utf-8", "replace")
-        return hmac.compare_digest(given, expected)
-
-    def _read_body(self) -> bool:
-        """Read (and drop) the body; False when a 4xx was sent instead."""
+    def _read_body(self) -> bytes | None:
+        """The request body (at most MAX_BODY_BYTES); None when a 4xx was sent instead."""
         if self.headers.get("Transfer-Encoding"):
             self.close_connection = True
             self._send(411, {"error": "send a Content-Length (chunked bodies are refused)"})
-            return False
+            return None
         raw = self.headers.get("Content-Length") or "0"
         try:
             length = int(raw)
@@ -244,16 +253,27 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             self.close_connection = True
             self._send(400, {"error": "bad Content-Length"})
-            return False
+            return None
         if length > MAX_BODY_BYTES:
             self.close_connection = True
             if length <= DISCARD_LIMIT_BYTES:
                 self.rfile.read(length)
             self._send(413, {"error": f"body too large (at most {MAX_BODY_BYTES} bytes)"})
-            return False
-        if length:
-            self.rfile.read(length)
-        return True
+            return None
+        return self.rfile.read(length) if length else b""
+
+
+class Handler(GuardedHandler):
+    """The trigger's routes: POST /drain, GET /healthz, GET /runs/<id>."""
+
+    server: Server
+
+    def _authorized(self) -> bool:
+        expected = self.server.expected
+        if expected is None:
+            return True
+        given = self.headers.get("Authorization", "").encode("utf-8", "replace")
+        return hmac.compare_digest(given, expected)
 
     # -- routes -----------------------------------------------------------------------------------
     def do_GET(self) -> None:
@@ -288,7 +308,7 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             self._unauthorized()
             return
-        if not self._read_body():
+        if self._read_body() is None:
             return
         try:
             run, joined = self.server.coalescer.request()

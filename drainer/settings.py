@@ -331,6 +331,12 @@ class Settings(BaseSettings):
     trigger_token: SecretStr | None = _opt(
         None, "Bearer token of POST /drain.", "trigger"
     )
+    ui_token: SecretStr | None = _opt(
+        None,
+        "Token of `drainer ui`: its actions (retry, cancel, pause, limits) need it, and so "
+        "does viewing when it listens on anything but loopback; at least 16 characters.",
+        "ui",
+    )
     pushgateway_url: str | None = _opt(
         None, "Prometheus Pushgateway that receives each run report.", "run"
     )
@@ -463,11 +469,12 @@ def load_settings(**overrides: Any) -> Settings:
         name = _field_for_loc(loc)
         where = f"{flag_of(name)} / {env_of(name)}" if name else loc
         raise ConfigError(redact(f"invalid setting {where}: {err['msg']}")) from None
-    # the DSN's password and the trigger token: no output ever shows them
+    # the DSN's password and the tokens: no output ever shows them
     if settings.database_url is not None:
         remember_secret(password_of(settings.database_url.get_secret_value()))
-    if settings.trigger_token is not None:
-        remember_secret(settings.trigger_token.get_secret_value())
+    for token in (settings.trigger_token, settings.ui_token):
+        if token is not None:
+            remember_secret(token.get_secret_value())
     return settings
 
 

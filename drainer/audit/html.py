@@ -22,20 +22,25 @@ WIDTH, LABEL_W, ROW_H, AXIS_H, BAND_H = 1100, 300, 22, 28, 30
 #: Sessions drawn at most (those keeping the compute awake first).
 MAX_ROWS = 60
 
-_CSS = """
-body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;
-color:#1d2330;background:#fff}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 6px}
+#: The rules of a timeline section (:func:`render_section`), also on drainer ui's pages.
+TIMELINE_CSS = """
 .verdict{padding:8px 12px;border-radius:6px;margin:10px 0;font-weight:600}
 .awake{background:#fde2e1;color:#8a1c17}.asleep{background:#e0f0e3;color:#17612a}
-table{border-collapse:collapse;margin-top:8px;font-size:13px}
-th,td{border-bottom:1px solid #dde1e8;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f3f5f8}td.yes{color:#b3261e;font-weight:700}
+td.yes{color:#b3261e;font-weight:700}
 .legend span{display:inline-block;margin-right:16px}
 .sw{display:inline-block;width:12px;height:12px;vertical-align:-1px;margin-right:4px}
 svg{border:1px solid #dde1e8;background:#fbfcfd;max-width:100%;height:auto}
 code{font-size:12px}
 """
+
+_CSS = """
+body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;
+color:#1d2330;background:#fff}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 6px}
+table{border-collapse:collapse;margin-top:8px;font-size:13px}
+th,td{border-bottom:1px solid #dde1e8;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f3f5f8}
+""" + TIMELINE_CSS
 
 
 def _t(iso: str | None) -> float | None:
@@ -141,7 +146,9 @@ def _svg(result: AuditResult) -> str:
     return "\n".join(out)
 
 
-def _section(title: str, result: AuditResult) -> str:
+def render_section(title: str, result: AuditResult) -> str:
+    """One audit's section: its verdict, the timeline (inline SVG), who kept the compute
+    awake and why, and the table of sessions."""
     bands = awake_bands(result)
     awake_s = sum(hi - lo for lo, hi in bands)
     start = _t(result.started_at) or 0.0
@@ -211,7 +218,7 @@ def _section(title: str, result: AuditResult) -> str:
 def render_html(sections: Sequence[tuple[str, AuditResult]], *,
                 title: str = "drainer audit") -> str:
     """One self-contained page (inline CSS and SVG, no script) with a section per audit."""
-    body = "\n".join(_section(t, r) for t, r in sections)
+    body = "\n".join(render_section(t, r) for t, r in sections)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">

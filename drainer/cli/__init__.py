@@ -4,7 +4,7 @@ Exit codes: 0 done (also when a limit stopped a drain), 1 anything else, 2 usage
 configuration error, 3 database unreachable, 4 schema missing or out of date, 5 a database
 timeout cancelled a statement, 6 the --max-runtime watchdog ended a run that hung.
 
-One module per group of commands (schema, jobs, run, wake, status), each command with a
+One module per group of commands (schema, jobs, run, wake, status, ui), each command with a
 ``configure_<command>(subparsers)`` that adds its flags and ``set_defaults(func=...)``.
 This package is the only place that parses flags, prints, and turns errors into exit
 codes; the command functions import the library when they run, so a short command never
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from drainer._redact import redact
-from drainer.cli import jobs, run, schema, status, wake
+from drainer.cli import jobs, run, schema, status, ui, wake
 from drainer.cli._base import SCOPES as _SCOPES
 from drainer.cli._base import Parser, settings_from_args
 from drainer.errors import (
@@ -54,6 +54,7 @@ _CONFIGURE = (
     jobs.configure_pause,
     jobs.configure_resume,
     jobs.configure_limit,
+    ui.configure_ui,
 )
 assert len(_CONFIGURE) == len(_SCOPES)
 

@@ -40,6 +40,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "pause": ("db",),
     "resume": ("db",),
     "limit": ("db",),
+    "ui": ("db", "app", "wake"),
 }
 
 #: The help section of each settings scope.

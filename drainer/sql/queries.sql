@@ -1151,3 +1151,118 @@ SELECT 'synced' AS kind, (SELECT count(*) FROM inserted) AS id, NULL::text AS st
        (SELECT count(*) FROM superseded) AS superseded,
        (SELECT count(*) FROM caught_up) AS caught_up;
 
+
+-- ---------------------------------------------------------------------------------------------
+-- drainer ui (drainer/ui/data.py): what the dashboard's pages read, one connection a page.
+-- Read-only; the pages' actions go through the statements of retry, cancel, pause and limit.
+-- ---------------------------------------------------------------------------------------------
+
+-- name: ui_jobs_older
+-- The jobs page: newest first, older than %(before)s (NULL: from the newest), filtered by
+-- queue, status, the run that last claimed them and text in last_error (NULL: any;
+-- case-insensitive, no pattern characters). One row more than the page holds says that an
+-- older page exists. Walks the primary key backwards, so a page costs its rows when no filter
+-- is given.
+SELECT id, queue, status, attempts, max_attempts, priority, run_at, locked_until, created_at,
+       finished_at, run_id, recurring_key,
+       left(split_part(last_error, E'\n', 1), 200) AS error,
+       (status = 'queued' AND run_at <= now()) AS due
+FROM {jobs}
+WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s)) > 0)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: ui_jobs_newer
+-- The jobs page, the page before: the %(limit)s jobs just newer than %(after)s, oldest first
+-- (the page shows them newest first), with the filters of ui_jobs_older.
+SELECT id, queue, status, attempts, max_attempts, priority, run_at, locked_until, created_at,
+       finished_at, run_id, recurring_key,
+       left(split_part(last_error, E'\n', 1), 200) AS error,
+       (status = 'queued' AND run_at <= now()) AS due
+FROM {jobs}
+WHERE id > %(after)s
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s)) > 0)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: ui_job
+-- One job whole: every column (the producer's trace context and the recurring series'
+-- columns too), whether its lease has run out, and until when a full rate window holds it.
+SELECT j.id, j.queue, j.status, j.payload, j.result, j.last_error, j.attempts, j.max_attempts,
+       j.priority, j.run_at, j.locked_until, j.created_at, j.finished_at, j.dedup_key,
+       j.run_id, j.fence, j.charged, j.suspect, j.snoozes, j.snoozed_at, j.trace_context,
+       j.recurring_key, j.scheduled_for,
+       (j.status = 'running' AND j.locked_until < now()) AS lease_expired,
+       (SELECT c.rate_next_at FROM {control} c
+        WHERE c.queue = j.queue AND j.status = 'queued'
+          AND c.rate_next_at > greatest(j.run_at, now())) AS rate_limited_until
+FROM {jobs} j
+WHERE j.id = %(id)s;
+
+-- name: ui_job_followups
+-- What is known of a done job's follow-ups: no column names the job that enqueued one, but
+-- a follow-up is inserted by the statement that completes its parent, so its created_at is
+-- that transaction's now(), the parent's finished_at. Looked for among the next
+-- %(window)s ids (follow-ups come after their parent), with the number of jobs completed
+-- by that same statement (1: they are this job's; more: this job's or its batch's).
+SELECT f.id, f.queue, f.status, f.created_at,
+       (SELECT count(*) FROM {jobs} s
+        WHERE s.status = 'done' AND s.finished_at = %(finished_at)s) AS completed_with
+FROM (SELECT id, queue, status, created_at FROM {jobs}
+      WHERE id > %(id)s ORDER BY id LIMIT %(window)s) f
+WHERE f.created_at = %(finished_at)s
+ORDER BY f.id
+LIMIT %(limit)s;
+
+-- name: ui_runs
+-- The runs page: the jobs table by run_id (the run that last claimed each job), what each run
+-- claimed (its jobs), did (done, failed, cancelled) and left (queued again: a retry's backoff,
+-- a snooze or a release; running: a live lease, or an expired one the reaper will return),
+-- newest activity first. A job claimed again by a later run counts for the later one only.
+-- A scan of the table (run_id has no index: it is read here and by `drainer jobs --run`).
+SELECT run_id, count(*) AS claimed,
+       count(*) FILTER (WHERE status = 'done') AS done,
+       count(*) FILTER (WHERE status = 'failed' AND last_error IS DISTINCT FROM 'cancelled')
+         AS failed,
+       count(*) FILTER (WHERE status = 'failed' AND last_error = 'cancelled') AS cancelled,
+       count(*) FILTER (WHERE status = 'queued') AS left_queued,
+       count(*) FILTER (WHERE status = 'running' AND locked_until >= now()) AS left_running,
+       count(*) FILTER (WHERE status = 'running' AND locked_until < now()) AS left_expired,
+       sum(attempts) AS attempts,
+       min(finished_at) AS first_finished_at, max(finished_at) AS last_finished_at,
+       array_agg(DISTINCT queue ORDER BY queue) AS queues
+FROM {jobs}
+WHERE run_id IS NOT NULL AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
+GROUP BY run_id
+ORDER BY bool_or(status = 'running') DESC, max(finished_at) DESC NULLS LAST, run_id
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: ui_recurring
+-- The recurring series page: every recurring_key in the table with its next occurrence
+-- (queued or running, the earliest), its last finished one (with its error and run), and
+-- how many of its occurrences the table still holds by outcome. The column names of
+-- status_table's recurring array, so recurring.series_status reads these rows too.
+SELECT k.key, nxt.queue, nxt.id AS next_id, nxt.scheduled_for AS next_at,
+       nxt.status AS next_status, last.id AS last_id, last.status AS last_status,
+       last.scheduled_for AS last_scheduled_for, last.finished_at AS last_finished_at,
+       last.last_error, last.run_id AS last_run_id, k.done, k.failed, k.occurrences
+FROM (SELECT recurring_key AS key, count(*) AS occurrences,
+             count(*) FILTER (WHERE status = 'done') AS done,
+             count(*) FILTER (WHERE status = 'failed') AS failed
+      FROM {jobs} WHERE recurring_key IS NOT NULL GROUP BY recurring_key) k
+LEFT JOIN LATERAL (
+  SELECT id, queue, scheduled_for, status FROM {jobs}
+  WHERE recurring_key = k.key AND status IN ('queued', 'running')
+  ORDER BY scheduled_for LIMIT 1) nxt ON true
+LEFT JOIN LATERAL (
+  SELECT id, status, scheduled_for, finished_at, last_error, run_id FROM {jobs}
+  WHERE recurring_key = k.key AND status IN ('done', 'failed')
+  ORDER BY scheduled_for DESC LIMIT 1) last ON true
+ORDER BY k.key;
