@@ -40,12 +40,13 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "pause": ("db",),
     "resume": ("db",),
     "limit": ("db",),
+    "fleet": ("fleet",),  # each fleet command's own: drainer.cli.fleet.FLEET_SCOPES
 }
 
 #: The help section of each settings scope.
 TITLES = {"db": "database and logging", "run": "drain", "enqueue": "enqueue",
           "trigger": "trigger", "wake": "waking and the compute's idle timeout",
-          "schedule": "wake policy", "app": "app"}
+          "schedule": "wake policy", "app": "app", "fleet": "fleet of tenant databases"}
 
 
 class Parser(argparse.ArgumentParser):
