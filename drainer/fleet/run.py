@@ -236,6 +236,8 @@ def _tracing_allowed(settings: Settings) -> bool:
 class _Entry:
     tenant: Tenant
     line: TenantLine
+    taken: bool = False
+    """Another run leased it after this run's lease passed (it waited in line that long)."""
 
 
 class FleetRun:
@@ -261,7 +263,7 @@ class FleetRun:
         self.report = FleetReport(self.run_id, None if shard is None else str(shard),
                                   len(self.tenants))
         self.tracing = _tracing_allowed(settings)
-        self.line: deque[_Entry] = deque()
+        self.waiting: deque[_Entry] = deque()
         self.in_turn = 0
         self.cond = threading.Condition()
 
@@ -272,32 +274,32 @@ class FleetRun:
         claim = self.control.claim(list(self.tenants), self.run_id, self.lease,
                                    self.settings.fleet_max_sleep)
         self.report.busy = claim.busy
-        for name, never_seen in claim.claimed:
-            entry = _Entry(self.tenants[name], TenantLine(name, never_seen=never_seen))
-            self.report.lines.append(entry.line)
-            self.line.append(entry)
+        entries = [_Entry(self.tenants[name], TenantLine(name, never_seen=never_seen))
+                   for name, never_seen in claim.claimed]
+        self.waiting.extend(entries)
         logger.info("fleet run %s: %d of %d tenants due (%d being drained by another run)",
-                    self.run_id, len(self.line), len(self.tenants), len(claim.busy),
-                    extra={"fleet_run_id": self.run_id, "due": len(self.line),
+                    self.run_id, len(self.waiting), len(self.tenants), len(claim.busy),
+                    extra={"fleet_run_id": self.run_id, "due": len(self.waiting),
                            "busy": len(claim.busy)})
         workers = [threading.Thread(target=self._work, name=f"drainer-fleet-{i}", daemon=True)
-                   for i in range(min(self.settings.fleet_concurrency, len(self.line)))]
+                   for i in range(min(self.settings.fleet_concurrency, len(self.waiting)))]
         try:
             for w in workers:
                 w.start()
             for w in workers:
                 w.join()
         finally:
-            waiting = [e.line for e in self.line]
-            self.line.clear()
-            for line in waiting:
-                if line.turns:  # back in line for another turn when the run ended
-                    self._record(line)
-            left = [line for line in waiting if not line.turns]
-            self.control.release([line.tenant for line in left], self.run_id)
-            self.report.left = [line.tenant for line in left]
-            gone = {id(line) for line in left}
-            self.report.lines = [line for line in self.report.lines if id(line) not in gone]
+            for e in self.waiting:
+                if e.line.turns:  # back in line for another turn when the run ended
+                    self._record(e.line)
+            left = [e.tenant.name for e in self.waiting if not e.line.turns]
+            self.waiting.clear()
+            self.control.release(left, self.run_id)
+            self.report.left = left
+            self.report.busy += [e.tenant.name for e in entries
+                                 if e.taken and not e.line.turns]
+            # a line a tenant this run drained (taken after a turn: its turns so far)
+            self.report.lines = [e.line for e in entries if e.line.turns]
         self.report.stopped_by = "signal" if self.stop.is_set() else (
             "max_runtime" if self.report.left else None)
         self.report.duration_s = round(time.monotonic() - self.started, 6)
@@ -315,12 +317,12 @@ class FleetRun:
     def _work(self) -> None:
         while True:
             with self.cond:
-                while not self.line and self.in_turn and not self._out_of_time():
+                while not self.waiting and self.in_turn and not self._out_of_time():
                     self.cond.wait(0.5)
-                if not self.line or self._out_of_time():
+                if not self.waiting or self._out_of_time():
                     self.cond.notify_all()
                     return
-                entry = self.line.popleft()
+                entry = self.waiting.popleft()
                 self.in_turn += 1
             again = False
             try:
@@ -331,7 +333,7 @@ class FleetRun:
                 with self.cond:
                     self.in_turn -= 1
                     if again:
-                        self.line.append(entry)
+                        self.waiting.append(entry)
                     self.cond.notify_all()
 
     def _turn(self, entry: _Entry) -> bool:
@@ -340,9 +342,11 @@ class FleetRun:
 
         name, line = entry.tenant.name, entry.line
         if not self.control.renew(name, self.run_id, self.lease):
+            # its lease passed while it waited in line and another run leased it: that run
+            # drains it now, this one must not (and records nothing more of it)
             logger.warning("tenant %s: another fleet run took it while it waited in line",
                            name, extra={"tenant": name, "fleet_run_id": self.run_id})
-            line.outcome = line.outcome or "taken"
+            entry.taken = True
             return False
         run_id = uuid.uuid4().hex[:12]
         line.run_ids.append(run_id)

@@ -318,6 +318,30 @@ def test_a_tenant_whose_lease_passed_in_line_is_not_drained_by_its_first_run(
         assert control.renew(t.name, "run-b", 60) is True
 
 
+def test_a_run_skips_a_tenant_another_run_took_while_it_waited_in_line(
+        fleet: Fleet, control_url: str) -> None:
+    settings = _settings(control_url, fleet_concurrency=1)
+    with connect_control(settings) as conn:
+        Control(conn, settings.schema_name).create()
+    first, second = fleet.tenants[6], fleet.tenants[7]  # never seen: served by name
+    reg = _registry()
+
+    @reg.task("steal")
+    def steal(job: Job) -> None:  # while the first drains, the second's lease passes and
+        with connect_control(settings) as conn:  # another run leases it
+            conn.execute("UPDATE drainer.fleet_tenants SET leased_until = now() - "
+                         "interval '1 s' WHERE name = %s", [second.name])
+            Control(conn, settings.schema_name).claim([second.name], "other-run", 60, None)
+
+    enqueue(first.url, "steal", [{}])
+    enqueue(second.url, "work", [{}])
+    report = run_fleet(settings, tenants=[first, second], registry=reg)
+    assert [x.tenant for x in report.lines] == [first.name] and report.busy == [second.name]
+    assert not report.failed
+    assert {j["status"] for j in jobs(second.url)} == {"queued"}  # left to the other run
+    assert _rows(settings)[second.name]["leased_by"] == "other-run"
+
+
 def test_a_run_that_runs_out_of_time_releases_the_tenants_it_did_not_reach(
         fleet: Fleet, control_url: str) -> None:
     settings = _settings(control_url, fleet_concurrency=1, max_runtime=0.5)
