@@ -59,6 +59,11 @@ def _registry() -> Registry:
     def slow(job: Job) -> None:
         time.sleep(float(job.payload.get("s", 0.2)))
 
+    @reg.task("echo")
+    async def echo(job: Job) -> dict[str, Any]:
+        await asyncio.sleep(0.01)
+        return {"payload": job.payload}
+
     return reg
 
 
@@ -152,19 +157,25 @@ def test_a_run_drains_the_due_tenants_and_opens_no_session_on_the_others(
     assert second.totals()["tenants_due"] == 2 and second.totals()["succeeded"] == 10
 
 
-def test_each_tenant_is_drained_with_its_own_url_only(fleet: Fleet, settings: Settings
+def test_each_tenant_is_drained_with_its_own_url_only(fleet: Fleet, control_url: str
                                                       ) -> None:
-    chosen = fleet.tenants[:6]
+    # tenants at once, each with handler threads and an event loop of its own
+    settings = _settings(control_url, concurrency=4)
+    with connect_control(settings) as conn:
+        Control(conn, settings.schema_name).create()
+    chosen = fleet.tenants[:8]
     for t in chosen:
         enqueue(t.url, "work", [{"tenant": t.name}] * 3)
+        enqueue(t.url, "echo", [{"tenant": t.name}] * 20)
     report = _run(settings, chosen)
     for t in chosen:
         line = _lines(report)[t.name]
         rows = jobs(t.url)
-        assert {r["status"] for r in rows} == {"done"}
+        assert {r["status"] for r in rows} == {"done"} and line.counts["succeeded"] == 23
         # the handler ran on this tenant's database, on this tenant's run ids
-        assert {r["result"]["db"] for r in rows} == {fleet.database_of(t)}
-        assert {r["payload"]["tenant"] for r in (x["result"] for x in rows)} == {t.name}
+        assert {r["result"]["db"] for r in rows if r["queue"] == "work"} == {
+            fleet.database_of(t)}
+        assert {r["result"]["payload"]["tenant"] for r in rows} == {t.name}
         assert {r["run_id"] for r in rows} <= set(line.run_ids)
         # nothing of another tenant in its line
         text = str(line.as_dict())
