@@ -49,7 +49,9 @@ def configure_fleet(sub: Any) -> None:
         "last run and outcome. " + _EXIT_NOTE)
     add_settings_flags(p, SCOPES["fleet"])
     p.set_defaults(func=_usage(p))
-    commands = p.add_subparsers(dest="fleet_command", metavar="COMMAND", parser_class=Parser)
+    commands = p.add_subparsers(dest="fleet_command", metavar="COMMAND", parser_class=Parser,
+                                help="What to do with the fleet (drainer fleet COMMAND "
+                                "--help for its flags).")
 
     m = _command(commands, "migrate", "Create the control table, then migrate every "
                  "tenant's jobs table (bounded parallel, idempotent, resumable: one JSON "
