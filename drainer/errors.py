@@ -13,6 +13,9 @@ EXIT_TIMEOUT = 5
 #: ``--max-runtime`` watchdog: the run did not end within max-runtime + grace + the margin,
 #: even after its connections were cut; the process exits without a report.
 EXIT_WATCHDOG = 6
+#: ``drainer fleet run-once`` / ``fleet migrate``: some tenants failed (down, not migrated,
+#: a failing run); the others were served, and the report's line of each says what failed.
+EXIT_TENANTS_FAILED = 7
 
 
 class DrainerError(Exception):

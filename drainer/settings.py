@@ -90,6 +90,8 @@ DEFAULT_APPLICATION_NAME = "drainer"
 DEFAULT_DEAD_PEER_TIMEOUT_S = 10.0
 DEFAULT_HANDLER_MARGIN_S = 10.0
 DEFAULT_HANDLER_BUDGET_S = 60.0  # Cloud Functions' default timeout
+DEFAULT_FLEET_CONCURRENCY = 4  # drainer fleet run-once: tenants drained at once
+DEFAULT_FLEET_TENANT_BUDGET_S = 60.0  # drainer fleet run-once: one tenant's turn
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 QueueList = Annotated[list[str] | None, BeforeValidator(split_list)]
@@ -380,6 +382,61 @@ class Settings(BaseSettings):
         gt=0,
     )
 
+    # -- fleets of tenant databases (drainer fleet) -----------------------------------------------
+    fleet_url: SecretStr | None = _opt(
+        None,
+        "PostgreSQL URL of the fleet's control database: its table <schema>.fleet_tenants "
+        "holds each tenant's next known due time, last run and outcome.",
+        "fleet",
+    )
+    fleet_tenants: str | None = _opt(
+        None,
+        "Tenants file: one tenant a line, NAME URL; # comments; ${VAR} (environment) and "
+        "${file:PATH} in a URL.",
+        "fleet",
+        json_schema_extra={"flag": "--tenants"},
+    )
+    fleet_tenants_query: str | None = _opt(
+        None,
+        "Tenants from the control database: a table (schema.table) with columns name and "
+        "url, or a query returning them.",
+        "fleet",
+        json_schema_extra={"flag": "--tenants-query"},
+    )
+    fleet_concurrency: int = _opt(
+        DEFAULT_FLEET_CONCURRENCY,
+        "Tenants drained (or migrated) at once, each on a thread with its own connection.",
+        "fleet", gt=0, le=256,
+    )
+    fleet_tenant_budget: Seconds = _opt(
+        DEFAULT_FLEET_TENANT_BUDGET_S,
+        "Time one turn of a tenant may drain; a tenant left with due work goes to the back "
+        "of the line for another turn, within --max-runtime (the whole fleet run's).",
+        "fleet", gt=0,
+        json_schema_extra={"flag": "--tenant-budget"},
+    )
+    fleet_shard: str | None = _opt(
+        None,
+        "Serve only shard INDEX/COUNT of the tenants (by the SHA-256 of each name). Default: "
+        "$JOB_COMPLETION_INDEX of --shard-count (a pod of a Kubernetes Indexed Job).",
+        "fleet",
+        json_schema_extra={"flag": "--shard"},
+    )
+    fleet_shard_count: int | None = _opt(
+        None,
+        "Shards in all (the Indexed Job's completions); with $JOB_COMPLETION_INDEX it "
+        "names this pod's shard.",
+        "fleet", gt=0,
+        json_schema_extra={"flag": "--shard-count"},
+    )
+    fleet_max_sleep: Seconds | None = _opt(
+        None,
+        "Safety net: a tenant with no run for this long is drained though no work is known "
+        "(jobs inserted without `drainer fleet due`). Unset: an idle tenant is never "
+        "connected to.",
+        "fleet", gt=0,
+    )
+
     # -- serverless handlers (environment / pyproject only) ---------------------------------------
     handler_margin: Seconds = _opt(
         DEFAULT_HANDLER_MARGIN_S,
@@ -397,7 +454,7 @@ class Settings(BaseSettings):
         gt=0,
     )
 
-    @field_validator("database_url", mode="before")
+    @field_validator("database_url", "fleet_url", mode="before")
     @classmethod
     def _plain_database_url(cls, value: Any) -> Any:
         if isinstance(value, SecretStr):

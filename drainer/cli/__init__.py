@@ -2,7 +2,8 @@
 
 Exit codes: 0 done (also when a limit stopped a drain), 1 anything else, 2 usage or
 configuration error, 3 database unreachable, 4 schema missing or out of date, 5 a database
-timeout cancelled a statement, 6 the --max-runtime watchdog ended a run that hung.
+timeout cancelled a statement, 6 the --max-runtime watchdog ended a run that hung, 7 some
+tenants of a fleet failed (``drainer fleet run-once`` / ``fleet migrate``).
 
 One module per group of commands (schema, jobs, run, wake, status, ui), each command with a
 ``configure_<command>(subparsers)`` that adds its flags and ``set_defaults(func=...)``.
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from drainer._redact import redact
-from drainer.cli import jobs, run, schema, status, ui, wake
+from drainer.cli import fleet, jobs, run, schema, status, ui, wake
 from drainer.cli._base import SCOPES as _SCOPES
 from drainer.cli._base import Parser, settings_from_args
 from drainer.errors import (
@@ -55,6 +56,7 @@ _CONFIGURE = (
     jobs.configure_resume,
     jobs.configure_limit,
     ui.configure_ui,
+    fleet.configure_fleet,
 )
 assert len(_CONFIGURE) == len(_SCOPES)
 
@@ -75,7 +77,7 @@ def build_parser(command: str | None = None) -> Parser:
         epilog="Exit codes: 0 done (also when a limit stopped the drain), 1 other error, "
         "2 usage or configuration, 3 database unreachable, 4 schema missing or out of date, "
         "5 a database timeout cancelled a statement, 6 the --max-runtime watchdog ended a "
-        "hung run.",
+        "hung run, 7 some tenants of a fleet failed.",
     )
     from drainer import __version__
 

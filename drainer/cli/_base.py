@@ -41,12 +41,13 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "resume": ("db",),
     "limit": ("db",),
     "ui": ("db", "app", "wake"),
+    "fleet": ("fleet",),  # each fleet command's own: drainer.cli.fleet.FLEET_SCOPES
 }
 
 #: The help section of each settings scope.
 TITLES = {"db": "database and logging", "run": "drain", "enqueue": "enqueue",
           "trigger": "trigger", "wake": "waking and the compute's idle timeout",
-          "schedule": "wake policy", "app": "app"}
+          "schedule": "wake policy", "app": "app", "fleet": "fleet of tenant databases"}
 
 
 class Parser(argparse.ArgumentParser):

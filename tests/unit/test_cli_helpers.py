@@ -20,7 +20,7 @@ from drainer._text import iso, text_table
 from drainer.cli import _SCOPES, build_parser, main
 from drainer.cli._output import emit, positive_int, print_json, seconds_arg, wants_json
 from drainer.errors import ConfigError
-from drainer.settings import Settings
+from drainer.settings import Settings, flag_of
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
@@ -186,8 +186,7 @@ def test_every_command_has_one_function_and_its_settings_flags() -> None:
             scopes = extra.get("scopes") or []
             assert isinstance(scopes, list)
             wanted = any(s in _SCOPES[name] for s in scopes)
-            flag = "--schema" if field == "schema_name" else (
-                "--queue" if field == "queues" else "--" + field.replace("_", "-"))
+            flag = flag_of(field)
             # jobs/retry --queue and limit --max-running are the command's own options
             assert (flag in flags) == wanted or (field == "queues" and name in (
                 "jobs", "retry")) or (field == "max_running" and name == "limit"), \
