@@ -486,12 +486,16 @@ WITH target AS MATERIALIZED (
 ), @claim_next(queue => (SELECT queue FROM target), limit => %(batch_size)s)
 @claim_update(lease => (SELECT lease FROM target));
 
+-- fragment: finished_before(status, older_than)
+-- The jobs of status $status finished more than $older_than seconds ago: what the archiver
+-- takes and what `drainer purge --dry-run` counts.
+status = $status AND finished_at < now() - make_interval(secs => $older_than)
+
 -- fragment: finished_delete(status, older_than, only_if)
--- Delete up to %(batch_size)s finished jobs of status $status finished more than $older_than
--- seconds ago (the finished index, oldest first), if $only_if.
+-- Delete up to %(batch_size)s jobs of finished_before, if $only_if.
 DELETE FROM {jobs} j
 USING (SELECT id FROM {jobs}
-       WHERE status = $status AND finished_at < now() - make_interval(secs => $older_than)
+       WHERE @finished_before(status => $status, older_than => $older_than)
          AND $only_if
        LIMIT %(batch_size)s) doomed
 WHERE j.id = doomed.id
@@ -912,7 +916,7 @@ RETURNING j.id, target.status AS was;
 -- name: purge_count
 -- `drainer purge --dry-run`: how many finished jobs of one status are older than the cutoff.
 SELECT count(*) FROM {jobs}
-WHERE status = %(status)s AND finished_at < now() - make_interval(secs => %(older_than)s);
+WHERE @finished_before(status => %(status)s, older_than => %(older_than)s);
 
 -- name: audit_sample
 -- `drainer audit`: one sample of pg_stat_activity, every session but the audit's own
