@@ -16,6 +16,12 @@ from drainer.errors import SchemaError
 
 logger = logging.getLogger(__name__)
 
+#: A migration's file, sql/migrations/NNNN_name.sql. The versions are ordered, not counted:
+#: there is no 0005 (no commit ever held a migration of that number; it was skipped before
+#: the first release). None may be added in a gap: migrate() applies only the versions above
+#: the table's own, so a table already past the gap would never get it. A new migration
+#: takes the number after the latest and changes sql/schema.sql with it
+#: (tests/integration/test_schema_file.py compares the two).
 _FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
 

@@ -1,37 +1,52 @@
--- Every statement drainer sends, by name. Loaded once by drainer/queries.py.
+-- Every statement drainer sends, by name. Loaded once by drainer/db/statements.py.
 --
--- {jobs}, {archive} and {migrations} are identifiers composed with psycopg.sql.Identifier;
--- %(name)s are parameters. Statements that act on a claimed job are fenced on
--- (id, status = 'running', fence): a worker can only change a job it still owns, and the
--- row count tells it whether it did. fence grows by one at every claim and nothing resets
--- it, so a token never matches a later owner of the job.
+-- {jobs}, {archive}, {control} and {migrations} are identifiers composed with
+-- psycopg.sql.Identifier ({{ and }} stand for a literal brace); %(name)s are parameters.
+--
+-- `-- name: x` heads a statement, QUERIES["x"]. `-- fragment: x` heads a piece of one that
+-- several statements share, written once: a statement (or another fragment) inserts it
+-- with @x. A fragment may have holes, declared in its header, `-- fragment: x(a, b)`, and
+-- written $a and $b in its text; @x(a => text, b => text) fills every hole, each with the
+-- text given (commas inside parentheses or quotes do not split). The loader composes the
+-- statements when it reads this file and refuses an unknown fragment, one never used, one
+-- that includes itself, and holes that do not match the header.
+--
+-- Statements that act on a claimed job are fenced on (id, status = 'running', fence): a
+-- worker can only change a job it still owns, and the row count tells it whether it did.
+-- fence grows by one at every claim and nothing resets it, so a token never matches a later
+-- owner of the job.
 
 -- name: schema_version
 -- The latest migration applied to the jobs table (raises if the bookkeeping table is missing).
 SELECT max(version) AS version FROM {migrations} WHERE table_name = %(table)s;
 
--- name: claim_batch
--- Claim up to batch_size due jobs of one queue, in priority then run_at order, and write
--- their lease. Committed at once (lease mode). An index scan on the claim index under
--- LockRows and Limit: it touches only due queued rows and stops after the batch.
--- `id = ANY(ARRAY(...))` keeps the UPDATE on the primary key in the generic plan too, whose
--- unknown LIMIT would otherwise turn the join into a hash join over a Seq Scan of the table.
+-- fragment: claim_next(queue, limit)
+-- The jobs a claim takes: up to $limit due queued jobs of $queue, in priority then run_at
+-- order, locked (others' locks skipped), as the CTEs `next` and `ranked`. An index scan on
+-- the claim index under LockRows and Limit: it touches only due queued rows and stops after
+-- the batch. `ranked` numbers the rows in claim order: a materialized CTE is read back in
+-- the order it was written, which is the ORDER BY's (no second sort).
+next AS (
+  SELECT id, suspect FROM {jobs}
+  WHERE queue = $queue AND status = 'queued' AND run_at <= now()
+  ORDER BY priority DESC, run_at, id
+  LIMIT $limit
+  FOR UPDATE SKIP LOCKED
+), ranked AS (
+  SELECT id, suspect, row_number() OVER () AS n FROM next
+)
+
+-- fragment: claim_update(lease)
+-- The claim itself, of the rows claim_next ranked: each is running, one attempt more, a new
+-- fence, leased for $lease seconds, returned with every column a ClaimedRow holds (in its
+-- order). `id = ANY(ARRAY(...))` keeps the UPDATE on the primary key in the generic plan
+-- too, whose unknown LIMIT would otherwise turn the join into a hash join over a Seq Scan
+-- of the table.
 --
 -- The first start_now rows (in claim order) start at once: their attempt is charged for
 -- certain (charged). The others are claimed ahead of their start: an expired lease gives
 -- their attempt back (reap_expired). A suspect (a job whose lease expired before) is only
 -- claimed among the first start_now rows; further back it is left queued for a later claim.
--- `ranked` numbers the rows in claim order: a materialized CTE is read back in the order
--- it was written, which is the ORDER BY's (no second sort).
-WITH next AS (
-  SELECT id, suspect FROM {jobs}
-  WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
-  ORDER BY priority DESC, run_at, id
-  LIMIT %(batch_size)s
-  FOR UPDATE SKIP LOCKED
-), ranked AS (
-  SELECT id, suspect, row_number() OVER () AS n FROM next
-)
 UPDATE {jobs} j
 SET status       = 'running',
     attempts     = j.attempts + 1,
@@ -39,10 +54,24 @@ SET status       = 'running',
     charged      = j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s)),
     suspect      = false,
     run_id       = %(run_id)s,
-    locked_until = now() + make_interval(secs => %(lease)s)
+    locked_until = now() + make_interval(secs => $lease)
 WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
-          j.locked_until, j.fence, j.trace_context;
+          j.locked_until, j.fence, j.trace_context
+
+-- name: claim_batch
+-- Claim up to batch_size due jobs of one queue and write their lease. Committed at once
+-- (lease mode).
+WITH @claim_next(queue => %(queue)s, limit => %(batch_size)s)
+@claim_update(lease => %(lease)s);
+
+-- fragment: due_jobs(queue, limit)
+-- The due queued jobs of $queue, up to $limit, in the claim index's order: an index scan
+-- of the claim index that stops after $limit rows (a probe, with a limit of 1).
+SELECT 1 FROM {jobs} j
+WHERE j.queue = $queue AND j.status = 'queued' AND j.run_at <= now()
+ORDER BY j.priority DESC, j.run_at, j.id
+LIMIT $limit
 
 -- name: due_queues
 -- Which of the given queues have a due queued job, in the given order: one probe of the
@@ -51,55 +80,43 @@ RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.ru
 SELECT q.queue
 FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
 CROSS JOIN LATERAL (
-  SELECT 1 FROM {jobs} j
-  WHERE j.queue = q.queue AND j.status = 'queued' AND j.run_at <= now()
-  ORDER BY j.priority DESC, j.run_at, j.id  -- the claim index's order: an index scan
-  LIMIT 1
+  @due_jobs(queue => q.queue, limit => 1)
 ) AS due
 ORDER BY q.n;
 
 -- name: queue_claim_lock
--- A queue with max_running (issue 17), step 1 of its claim transaction: one claimer of
--- the queue at a time, across every drainer (a transaction-level advisory lock, keyed by
+-- A queue with max_running or a rate limit, step 1 of its claim transaction: one claimer
+-- of the queue at a time, across every drainer (a transaction-level advisory lock, keyed by
 -- table and queue, released at COMMIT). The claim that follows is a new statement, so
 -- under READ COMMITTED its snapshot sees every claim committed before the lock was ours.
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
+-- fragment: running_live(only_if)
+-- The CTE `live`: how many jobs of the queue run under a live lease (locked_until > now())
+-- now, counted only if $only_if (else 0, nothing read).
+live AS (
+  SELECT count(*) AS n FROM {jobs}
+  WHERE $only_if
+    AND queue = %(queue)s AND status = 'running' AND locked_until > now()
+)
+
 -- name: claim_batch_capped
 -- A queue with max_running, step 2: claim_batch, at most max_running minus the jobs of
--- the queue running under a live lease (locked_until > now()) now. Held under
--- queue_claim_lock, so no two claims of the queue count the same free slots.
-WITH live AS (
-  SELECT count(*) AS n FROM {jobs}
-  WHERE queue = %(queue)s AND status = 'running' AND locked_until > now()
-), next AS (
-  SELECT id, suspect FROM {jobs}
-  WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
-  ORDER BY priority DESC, run_at, id
-  LIMIT (SELECT greatest(0, least(%(batch_size)s::bigint, %(max_running)s::bigint - n))
-         FROM live)
-  FOR UPDATE SKIP LOCKED
-), ranked AS (
-  SELECT id, suspect, row_number() OVER () AS n FROM next
-)
-UPDATE {jobs} j
-SET status       = 'running',
-    attempts     = j.attempts + 1,
-    fence        = j.fence + 1,
-    charged      = j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s)),
-    suspect      = false,
-    run_id       = %(run_id)s,
-    locked_until = now() + make_interval(secs => %(lease)s)
-WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
-RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
-          j.locked_until, j.fence;
+-- the queue running under a live lease. Held under queue_claim_lock, so no two claims of
+-- the queue count the same free slots.
+WITH @running_live(only_if => true),
+@claim_next(queue => %(queue)s,
+            limit => (SELECT greatest(0, least(%(batch_size)s::bigint,
+                                               %(max_running)s::bigint - n))
+                      FROM live))
+@claim_update(lease => %(lease)s);
 
 -- name: claim_batch_rated
--- A queue with a rate limit (issue 17), step 2 of its claim transaction, after
--- queue_claim_lock (the same key as max_running's: one claim of the queue at a time across
--- every drainer): claim_batch, at most rate_count minus the jobs claimed in the last
--- rate_period seconds, and, when max_running is given (NULL: no cap), at most max_running
--- minus the jobs running under a live lease, as claim_batch_capped.
+-- A queue with a rate limit, step 2 of its claim transaction, after queue_claim_lock (the
+-- same key as max_running's: one claim of the queue at a time across every drainer):
+-- claim_batch, at most rate_count minus the jobs claimed in the last rate_period seconds,
+-- and, when max_running is given (NULL: no cap), at most max_running minus the jobs running
+-- under a live lease, as claim_batch_capped.
 --
 -- The window is the queue's control row (rate_at, rate_n: when and how many, oldest first).
 -- Its clock is clock_timestamp() here, read once after the lock was ours (a claim that
@@ -118,44 +135,20 @@ WITH clock AS MATERIALIZED (
   SELECT e.at, e.n
   FROM {control} c, clock, unnest(c.rate_at, c.rate_n) AS e(at, n)
   WHERE c.queue = %(queue)s AND e.at > clock.t - make_interval(secs => %(rate_period)s)
-), live AS (
-  SELECT count(*) AS n FROM {jobs}
-  WHERE %(max_running)s::bigint IS NOT NULL
-    AND queue = %(queue)s AND status = 'running' AND locked_until > now()
-), room AS (
+), @running_live(only_if => %(max_running)s::bigint IS NOT NULL), room AS (
   SELECT greatest(0, least(%(batch_size)s::bigint,
                            coalesce(%(max_running)s::bigint - (SELECT n FROM live),
                                     %(batch_size)s::bigint))) AS capped,
          greatest(0, %(rate_count)s::bigint - (SELECT coalesce(sum(n), 0) FROM win)) AS rate
-), next AS (
-  SELECT id, suspect FROM {jobs}
-  WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
-  ORDER BY priority DESC, run_at, id
-  LIMIT (SELECT least(capped, rate) FROM room)
-  FOR UPDATE SKIP LOCKED
-), ranked AS (
-  SELECT id, suspect, row_number() OVER () AS n FROM next
-), claimed AS (
-  UPDATE {jobs} j
-  SET status       = 'running',
-      attempts     = j.attempts + 1,
-      fence        = j.fence + 1,
-      charged      = j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s)),
-      suspect      = false,
-      run_id       = %(run_id)s,
-      locked_until = now() + make_interval(secs => %(lease)s)
-  WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
-  RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
-            j.locked_until, j.fence, j.trace_context
+), @claim_next(queue => %(queue)s, limit => (SELECT least(capped, rate) FROM room)),
+claimed AS (
+  @claim_update(lease => %(lease)s)
 ), took AS (
   SELECT count(*) AS n FROM claimed
 ), due AS (
   -- the statement's snapshot still sees the claimed rows queued: they are in this count
   SELECT count(*) AS n FROM (
-    SELECT 1 FROM {jobs}
-    WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(count_limit)s) d
+    @due_jobs(queue => %(queue)s, limit => %(count_limit)s)) d
 ), log AS (
   SELECT at, n FROM win
   UNION ALL
@@ -177,41 +170,52 @@ WITH clock AS MATERIALIZED (
       rate_next_at = EXCLUDED.rate_next_at
   RETURNING rate_next_at
 )
-SELECT c.id, c.queue, c.payload, c.attempts, c.max_attempts, c.priority, c.run_at,
-       c.locked_until, c.fence, c.trace_context,
+SELECT c.*,
        (SELECT rate_next_at FROM written) AS rate_next_at,
        CASE WHEN room.rate < room.capped
             THEN greatest(0, (SELECT n FROM due) - (SELECT n FROM took)) ELSE 0 END
          AS rate_limited
 FROM room LEFT JOIN claimed c ON true;
 
+-- fragment: completion(running)
+-- Jobs succeeded, fenced: done, each with what its handler returned (NULL for nothing),
+-- the ids written returned. $running is the status a job must still have, 'running': see
+-- complete_many_and_claim for why that statement sends it as a parameter.
+UPDATE {jobs} j
+SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(results)s::jsonb[])
+  AS o(id, fence, result)
+WHERE j.id = o.id AND j.status = $running AND j.fence = o.fence
+RETURNING j.id
+
+-- fragment: dedup_skip
+-- Skip a job whose dedup_key is already queued or running: the dedup index's predicate.
+ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
+DO NOTHING
+
+-- fragment: follow_up_insert
+-- The follow-ups of the jobs the CTE `done` returns: the jobs their handlers enqueued with
+-- job.enqueue (%(followups)s, a JSON array of objects, each with the id of the job that
+-- enqueued it as "parent"), inserted in the statement that completes those jobs and only for
+-- the jobs it completed: a job that failed, was cancelled or whose lease was lost (its
+-- fenced write matched nothing) adds none. Duplicate dedup keys are skipped as by enqueue.
+INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
+SELECT f.queue, f.payload, coalesce(f.run_at, now()), f.priority, f.max_attempts,
+       f.dedup_key
+FROM jsonb_to_recordset(%(followups)s::jsonb)
+  AS f(parent bigint, queue text, payload jsonb, run_at timestamptz, priority int,
+       max_attempts int, dedup_key text)
+WHERE f.parent IN (SELECT id FROM done)
+@dedup_skip
+RETURNING 1
+
 -- name: complete_many
--- A batch of jobs succeeded: one statement for all of them, each with what its handler
--- returned (NULL for nothing). Returns the ids written.
---
--- followups: the jobs the handlers enqueued with job.enqueue (a JSON array of objects, each
--- with the id of the job that enqueued it as "parent"), inserted in the same statement and
--- only for the jobs this statement completed: a job that failed, was cancelled or whose
--- lease was lost (its fenced UPDATE matched nothing) adds none. Duplicate dedup keys are
--- skipped as by enqueue.
+-- A batch of jobs succeeded: one statement for all of them, with their follow-ups. Returns
+-- the ids written.
 WITH done AS (
-  UPDATE {jobs} j
-  SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result
-  FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(results)s::jsonb[])
-    AS o(id, fence, result)
-  WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
-  RETURNING j.id
+  @completion(running => 'running')
 ), followed AS (
-  INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
-  SELECT f.queue, f.payload, coalesce(f.run_at, now()), f.priority, f.max_attempts,
-         f.dedup_key
-  FROM jsonb_to_recordset(%(followups)s::jsonb)
-    AS f(parent bigint, queue text, payload jsonb, run_at timestamptz, priority int,
-         max_attempts int, dedup_key text)
-  WHERE f.parent IN (SELECT id FROM done)
-  ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
-  DO NOTHING
-  RETURNING 1
+  @follow_up_insert
 )
 SELECT id FROM done;
 
@@ -220,6 +224,8 @@ SELECT id FROM done;
 -- per batch instead of two. The jobs completed are 'running', so the claim (of 'queued'
 -- rows only) cannot touch them. Returns the completed ids (kind 'done') and the claimed rows
 -- (kind 'claimed'); the claim is the same index scan under LockRows and Limit as claim_batch.
+-- The follow-ups inserted here are not claimed by it (the same snapshot cannot see them):
+-- the drain claims again when some are due.
 --
 -- The completion runs FIRST (the outer UNION ALL reads `done` before `claimed`): under READ
 -- COMMITTED a FOR UPDATE that meets a row claimed and committed since its snapshot locks
@@ -234,54 +240,23 @@ SELECT id FROM done;
 -- (WHERE status = 'running') and join every running row with every completed id, which
 -- costs running x batch comparisons (measured: 13 ms for a batch of 200 with 400 running);
 -- with a parameter the rows are found by primary key, one probe per id.
+--
+-- The 'done' rows carry a NULL for each column of a claimed row: a column added to
+-- claim_update's RETURNING and not here fails the UNION at once.
 WITH done AS (
-  UPDATE {jobs} j
-  SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result
-  FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(results)s::jsonb[])
-    AS o(id, fence, result)
-  WHERE j.id = o.id AND j.status = %(running)s::text AND j.fence = o.fence
-  RETURNING j.id
+  @completion(running => %(running)s::text)
 ), followed AS (
-  -- as in complete_many: follow-ups of the jobs completed here only (the claim below
-  -- cannot see them: same snapshot; the drain claims again when some are due)
-  INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
-  SELECT f.queue, f.payload, coalesce(f.run_at, now()), f.priority, f.max_attempts,
-         f.dedup_key
-  FROM jsonb_to_recordset(%(followups)s::jsonb)
-    AS f(parent bigint, queue text, payload jsonb, run_at timestamptz, priority int,
-         max_attempts int, dedup_key text)
-  WHERE f.parent IN (SELECT id FROM done)
-  ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
-  DO NOTHING
-  RETURNING 1
-), next AS (
-  SELECT id, suspect FROM {jobs}
-  WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
-  ORDER BY priority DESC, run_at, id
-  LIMIT %(batch_size)s
-  FOR UPDATE SKIP LOCKED
-), ranked AS (
-  SELECT id, suspect, row_number() OVER () AS n FROM next
-), claimed AS (
-  UPDATE {jobs} j
-  SET status       = 'running',
-      attempts     = j.attempts + 1,
-      fence        = j.fence + 1,
-      charged      = j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s)),
-      suspect      = false,
-      run_id       = %(run_id)s,
-      locked_until = now() + make_interval(secs => %(lease)s)
-  WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
-  RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
-            j.locked_until, j.fence, j.trace_context
+  @follow_up_insert
+), @claim_next(queue => %(queue)s, limit => %(batch_size)s),
+claimed AS (
+  @claim_update(lease => %(lease)s)
 )
 SELECT 'done' AS kind, id, NULL AS queue, NULL::jsonb AS payload, NULL::int AS attempts,
        NULL::int AS max_attempts, NULL::int AS priority, NULL::timestamptz AS run_at,
        NULL::timestamptz AS locked_until, NULL::bigint AS fence, NULL::jsonb AS trace_context
 FROM done
 UNION ALL
-SELECT 'claimed', id, queue, payload, attempts, max_attempts, priority, run_at, locked_until,
-       fence, trace_context
+SELECT 'claimed', claimed.*
 FROM claimed;
 
 -- name: generic_plan_for_this_transaction
@@ -303,16 +278,7 @@ WITH done AS (
   WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
   RETURNING j.id
 ), followed AS (
-  INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key)
-  SELECT f.queue, f.payload, coalesce(f.run_at, now()), f.priority, f.max_attempts,
-         f.dedup_key
-  FROM jsonb_to_recordset(%(followups)s::jsonb)
-    AS f(parent bigint, queue text, payload jsonb, run_at timestamptz, priority int,
-         max_attempts int, dedup_key text)
-  WHERE f.parent IN (SELECT id FROM done)
-  ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
-  DO NOTHING
-  RETURNING 1
+  @follow_up_insert
 )
 SELECT id FROM done;
 
@@ -393,15 +359,15 @@ SELECT id FROM {jobs}
 WHERE id = %(id)s AND status = 'running' AND fence = %(fence)s
 FOR UPDATE;
 
--- name: reap_expired
--- Expired leases (a worker died or stalled) of the given queues go back to queued, or to
--- failed once max_attempts is reached (the task's when it sets one, else the row's), so a
--- job that kills its worker cannot loop forever. A job claimed ahead of its start
--- (charged = false) gets the claim's attempt back: it may never have started. Every reaped
--- job becomes a suspect, claimed next only where it starts at once and is charged, so a
--- job that kills its drainer uses up its attempts wherever it was in its batch.
--- A row locked by a live transaction (a transaction=True task running past its lease) is
--- skipped: its owner is alive and will write its outcome.
+-- fragment: reap_update
+-- The reap of the expired leases of the queues in %(queues)s (t.max_attempts: each queue's
+-- task's max_attempts, NULL: the row's), up to its WHERE, which a statement may narrow before
+-- its RETURNING. A job claimed ahead of its start (charged = false) gets the claim's attempt
+-- back: it may never have started. Every reaped job becomes a suspect, claimed next only
+-- where it starts at once and is charged, so a job that kills its drainer uses up its
+-- attempts wherever it was in its batch. A row locked by a live transaction (a
+-- transaction=True task running past its lease) is skipped: its owner is alive and will
+-- write its outcome.
 UPDATE {jobs} j
 SET attempts     = j.attempts - (NOT j.charged)::int,
     status       = CASE WHEN j.attempts - (NOT j.charged)::int
@@ -420,6 +386,12 @@ WHERE j.id = ANY (ARRAY(SELECT id FROM {jobs}
                            AND queue = ANY (%(queues)s::text[])
                          FOR UPDATE SKIP LOCKED))
   AND j.queue = t.queue
+
+-- name: reap_expired
+-- Expired leases (a worker died or stalled) of the given queues go back to queued, or to
+-- failed once max_attempts is reached (the task's when it sets one, else the row's), so a
+-- job that kills its worker cannot loop forever.
+@reap_update
 RETURNING j.id, j.status, j.attempts;
 
 -- name: run_start
@@ -441,25 +413,7 @@ RETURNING j.id, j.status, j.attempts;
 WITH v AS (
   SELECT max(version) AS version FROM {migrations} WHERE table_name = %(table)s
 ), reaped AS (
-  -- reap_expired's update, word for word (charging, suspects, the task's max_attempts)
-  UPDATE {jobs} j
-  SET attempts     = j.attempts - (NOT j.charged)::int,
-      status       = CASE WHEN j.attempts - (NOT j.charged)::int
-                               >= coalesce(t.max_attempts, j.max_attempts)
-                          THEN 'failed' ELSE 'queued' END,
-      locked_until = NULL,
-      finished_at  = CASE WHEN j.attempts - (NOT j.charged)::int
-                               >= coalesce(t.max_attempts, j.max_attempts)
-                          THEN now() END,
-      last_error   = coalesce(j.last_error, 'lease expired'),
-      charged      = false,
-      suspect      = true
-  FROM unnest(%(queues)s::text[], %(max_attempts)s::int[]) AS t(queue, max_attempts)
-  WHERE j.id = ANY (ARRAY(SELECT id FROM {jobs}
-                           WHERE status = 'running' AND locked_until < now()
-                             AND queue = ANY (%(queues)s::text[])
-                           FOR UPDATE SKIP LOCKED))
-    AND j.queue = t.queue
+  @reap_update
     AND (SELECT version FROM v) = %(latest)s
   RETURNING j.id, j.status, j.attempts, j.queue
 ), paused AS MATERIALIZED (
@@ -470,10 +424,7 @@ WITH v AS (
   WHERE EXISTS (SELECT 1 FROM reaped r WHERE r.queue = q.queue AND r.status = 'queued')
      OR EXISTS (
        SELECT 1 FROM (
-         SELECT 1 FROM {jobs} j
-         WHERE j.queue = q.queue AND j.status = 'queued' AND j.run_at <= now()
-         ORDER BY j.priority DESC, j.run_at, j.id
-         LIMIT 1) AS due)
+         @due_jobs(queue => q.queue, limit => 1)) AS due)
 )
 SELECT 'version' AS kind, version::bigint AS id, NULL::text AS status, NULL::int AS attempts,
        NULL::text AS queue, 0::bigint AS n
@@ -483,8 +434,8 @@ SELECT 'reaped', id, status, attempts, queue, 0 FROM reaped
 UNION ALL
 SELECT 'paused', NULL, NULL, NULL, queue, 0 FROM paused
 UNION ALL
--- an operator's limits (`drainer limit`, migration 0007): id = max_running, attempts =
--- rate_count, n = rate_period in microseconds (NULLs: not set)
+-- an operator's limits (`drainer limit`): id = max_running, attempts = rate_count, n =
+-- rate_period in microseconds (NULLs: not set)
 SELECT 'limit', c.max_running, NULL, c.rate_count, c.queue,
        round(c.rate_period_s * 1000000)::bigint
 FROM {control} c
@@ -521,9 +472,8 @@ SELECT 'first', NULL,
 -- (drainer.first_due, set only when the table is at version `latest`); and only when that
 -- queue may be claimed this way (`eligible`: not transaction mode, no max_running or rate
 -- limit from the task or the settings; no operator limit, read here). Else it claims
--- nothing and the loop claims as before. The claim itself is claim_batch's (an index scan
--- on the claim index under LockRows and Limit, the queue an InitPlan's value), leased with
--- that queue's lease.
+-- nothing and the loop makes the run's first claim itself. The claim is claim_batch's (the
+-- queue an InitPlan's value), leased with that queue's lease.
 WITH target AS MATERIALIZED (
   SELECT q.queue, q.lease
   FROM unnest(%(queues)s::text[], %(eligible)s::bool[], %(leases)s::float8[])
@@ -533,44 +483,31 @@ WITH target AS MATERIALIZED (
     AND NOT EXISTS (SELECT 1 FROM {control} c WHERE c.queue = q.queue
                       AND (c.max_running IS NOT NULL OR c.rate_count IS NOT NULL))
   LIMIT 1
-), next AS (
-  SELECT id, suspect FROM {jobs}
-  WHERE queue = (SELECT queue FROM target) AND status = 'queued' AND run_at <= now()
-  ORDER BY priority DESC, run_at, id
-  LIMIT %(batch_size)s
-  FOR UPDATE SKIP LOCKED
-), ranked AS (
-  SELECT id, suspect, row_number() OVER () AS n FROM next
-)
-UPDATE {jobs} j
-SET status       = 'running',
-    attempts     = j.attempts + 1,
-    fence        = j.fence + 1,
-    charged      = j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s)),
-    suspect      = false,
-    run_id       = %(run_id)s,
-    locked_until = now() + make_interval(secs => (SELECT lease FROM target))
-WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s OR NOT suspect))
-RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
-          j.locked_until, j.fence, j.trace_context;
+), @claim_next(queue => (SELECT queue FROM target), limit => %(batch_size)s)
+@claim_update(lease => (SELECT lease FROM target));
+
+-- fragment: finished_before(status, older_than)
+-- The jobs of status $status finished more than $older_than seconds ago: what the archiver
+-- takes and what `drainer purge --dry-run` counts.
+status = $status AND finished_at < now() - make_interval(secs => $older_than)
+
+-- fragment: finished_delete(status, older_than, only_if)
+-- Delete up to %(batch_size)s jobs of finished_before, if $only_if.
+DELETE FROM {jobs} j
+USING (SELECT id FROM {jobs}
+       WHERE @finished_before(status => $status, older_than => $older_than)
+         AND $only_if
+       LIMIT %(batch_size)s) doomed
+WHERE j.id = doomed.id
 
 -- name: archive_delete
 -- Delete up to batch_size finished jobs of one status older than the cutoff.
-WITH doomed AS (
-  SELECT id FROM {jobs}
-  WHERE status = %(status)s AND finished_at < now() - make_interval(secs => %(older_than)s)
-  LIMIT %(batch_size)s
-)
-DELETE FROM {jobs} j USING doomed WHERE j.id = doomed.id;
+@finished_delete(status => %(status)s, older_than => %(older_than)s, only_if => true);
 
 -- name: archive_move
 -- Move up to batch_size finished jobs of one status older than the cutoff to the archive.
-WITH doomed AS (
-  SELECT id FROM {jobs}
-  WHERE status = %(status)s AND finished_at < now() - make_interval(secs => %(older_than)s)
-  LIMIT %(batch_size)s
-), moved AS (
-  DELETE FROM {jobs} j USING doomed WHERE j.id = doomed.id
+WITH moved AS (
+  @finished_delete(status => %(status)s, older_than => %(older_than)s, only_if => true)
   RETURNING j.id, j.queue, j.payload, j.status, j.run_at, j.attempts, j.max_attempts,
             j.locked_until, j.last_error, j.created_at, j.priority, j.dedup_key, j.finished_at,
             j.fence, j.charged, j.suspect, j.result, j.run_id, j.snoozes, j.snoozed_at
@@ -580,27 +517,26 @@ INSERT INTO {archive} (id, queue, payload, status, run_at, attempts, max_attempt
                        fence, charged, suspect, result, run_id, snoozes, snoozed_at)
 SELECT * FROM moved;
 
--- name: queue_summary
--- What is left for the given queues after a drain: due now, and the next run_at to come
--- (a rate-limited queue's jobs: not before its next slot, rate_next_at);
--- and, when `served` (every queue with a handler) is given, the jobs due on queues outside
--- it, by queue: nothing will ever claim those (a misspelt queue name, a handler removed).
--- Without `served` (NULL) the last part is a one-time filter that reads nothing.
--- `queued_queues` walks the distinct queues of queued jobs on the claim index (one probe a
--- queue, a loose index scan), so the cost does not grow with the jobs queued for later on
--- served queues; only the unserved queues' jobs are counted.
-WITH RECURSIVE queued_queues AS (
+-- fragment: queued_queues(only_if)
+-- The CTE `queued_queues` (of a WITH RECURSIVE): the distinct queues of queued jobs, walked
+-- on the claim index (one probe a queue, a loose index scan), so the cost does not grow
+-- with the jobs queued for later; nothing read unless $only_if.
+queued_queues AS (
   (SELECT queue FROM {jobs}
-   WHERE %(served)s::text[] IS NOT NULL AND status = 'queued' ORDER BY queue LIMIT 1)
+   WHERE $only_if AND status = 'queued' ORDER BY queue LIMIT 1)
   UNION ALL
   SELECT (SELECT j.queue FROM {jobs} j
           WHERE j.status = 'queued' AND j.queue > qq.queue ORDER BY j.queue LIMIT 1)
   FROM queued_queues qq WHERE qq.queue IS NOT NULL
 )
-SELECT q.remaining_due, q.next_due_at, u.unserved_due
-FROM (
-  -- a rate-limited queue whose window is full (rate_next_at ahead, migration 0007): its
-  -- jobs are due at the next slot, not before (one probe of the control table a queue)
+
+-- fragment: due_summary
+-- What is left for the queues in %(queues)s, as `q`: due now (remaining_due), and the next
+-- run_at to come (next_due_at); a rate-limited queue whose window is full (rate_next_at
+-- ahead) has its jobs due at the next slot, not before (one probe of the control table a
+-- queue). And, as `u`, the jobs due on the queued_queues outside %(served)s, by queue
+-- (unserved_due): only those queues' jobs are counted.
+(
   SELECT count(*) FILTER (WHERE greatest(j.run_at, c.rate_next_at) <= now()) AS remaining_due,
          min(greatest(j.run_at, c.rate_next_at))
            FILTER (WHERE greatest(j.run_at, c.rate_next_at) > now()) AS next_due_at
@@ -615,17 +551,31 @@ CROSS JOIN (
                             AND j.run_at <= now()) AS n
         FROM queued_queues qq
         WHERE qq.queue IS NOT NULL AND qq.queue <> ALL(%(served)s::text[])) s
-) u;
+) u
+
+-- name: queue_summary
+-- What is left for the given queues after a drain: due now, and the next run_at to come
+-- (a rate-limited queue's jobs: not before its next slot, rate_next_at);
+-- and, when `served` (every queue with a handler) is given, the jobs due on queues outside
+-- it, by queue: nothing will ever claim those (a misspelt queue name, a handler removed).
+-- Without `served` (NULL) the last part is a one-time filter that reads nothing.
+WITH RECURSIVE @queued_queues(only_if => %(served)s::text[] IS NOT NULL)
+SELECT q.remaining_due, q.next_due_at, u.unserved_due
+FROM @due_summary;
+
+-- fragment: can_vacuum
+-- Whether we may VACUUM the table of pg_class c: as its owner, or with the MAINTAIN
+-- privilege of PostgreSQL 17+ (the CASE keeps older servers, which reject the privilege
+-- name, from evaluating it).
+pg_has_role(current_user, c.relowner, 'USAGE')
+OR CASE WHEN current_setting('server_version_num')::int >= 170000
+        THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS can_vacuum
 
 -- name: table_health
--- Dead tuples and vacuum times of the jobs table, and whether we may VACUUM it: as its
--- owner, or with the MAINTAIN privilege of PostgreSQL 17+ (the CASE keeps older servers,
--- which reject the privilege name, from evaluating it).
+-- Dead tuples and vacuum times of the jobs table, and whether we may VACUUM it.
 SELECT s.n_dead_tup, s.n_live_tup, s.last_autovacuum, s.last_vacuum,
        s.n_mod_since_analyze, c.reltuples,
-       pg_has_role(current_user, c.relowner, 'USAGE')
-       OR CASE WHEN current_setting('server_version_num')::int >= 170000
-               THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS can_vacuum
+       @can_vacuum
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = %(regclass)s::regclass;
@@ -644,35 +594,16 @@ WITH RECURSIVE go AS (
   SELECT (NOT %(if_idle)s OR current_setting('drainer.idle', true) = 'true')
      AND (NOT %(if_drained)s OR NOT EXISTS (
            SELECT 1 FROM unnest(%(queues)s::text[]) AS q(queue)
-           WHERE EXISTS (SELECT 1 FROM {jobs} j
-                         WHERE j.queue = q.queue AND j.status = 'queued'
-                           AND j.run_at <= now()
-                         ORDER BY j.priority DESC, j.run_at, j.id
-                         LIMIT 1))) AS go
+           WHERE EXISTS (@due_jobs(queue => q.queue, limit => 1)))) AS go
 ), done_gone AS (
-  DELETE FROM {jobs} j
-  USING (SELECT id FROM {jobs}
-         WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(archive_after)s)
-           AND (SELECT go FROM go)
-         LIMIT %(batch_size)s) d
-  WHERE j.id = d.id
+  @finished_delete(status => 'done', older_than => %(archive_after)s,
+                   only_if => (SELECT go FROM go))
   RETURNING 1
 ), failed_gone AS (
-  DELETE FROM {jobs} j
-  USING (SELECT id FROM {jobs}
-         WHERE status = 'failed'
-           AND finished_at < now() - make_interval(secs => %(failed_retention)s)
-           AND (SELECT go FROM go)
-         LIMIT %(batch_size)s) f
-  WHERE j.id = f.id
+  @finished_delete(status => 'failed', older_than => %(failed_retention)s,
+                   only_if => (SELECT go FROM go))
   RETURNING 1
-), queued_queues AS (
-  (SELECT queue FROM {jobs} WHERE status = 'queued' ORDER BY queue LIMIT 1)
-  UNION ALL
-  SELECT (SELECT j.queue FROM {jobs} j
-          WHERE j.status = 'queued' AND j.queue > qq.queue ORDER BY j.queue LIMIT 1)
-  FROM queued_queues qq WHERE qq.queue IS NOT NULL
-)
+), @queued_queues(only_if => true)
 SELECT (SELECT count(*) FROM done_gone) AS archived_done,
        (SELECT count(*) FROM failed_gone) AS archived_failed,
        -- table_health's columns, read with the functions pg_stat_user_tables is made of:
@@ -683,30 +614,10 @@ SELECT (SELECT count(*) FROM done_gone) AS archived_done,
        pg_stat_get_last_autovacuum_time(c.oid) AS last_autovacuum,
        pg_stat_get_last_vacuum_time(c.oid) AS last_vacuum,
        pg_stat_get_mod_since_analyze(c.oid) AS n_mod_since_analyze, c.reltuples,
-       -- as in table_health: owner, or MAINTAIN on PostgreSQL 17+
-       pg_has_role(current_user, c.relowner, 'USAGE')
-       OR CASE WHEN current_setting('server_version_num')::int >= 170000
-               THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS can_vacuum,
+       @can_vacuum,
        q.remaining_due, q.next_due_at, u.unserved_due
 FROM pg_class c
-CROSS JOIN (
-  -- a rate-limited queue whose window is full (rate_next_at ahead, migration 0007): its
-  -- jobs are due at the next slot, not before (one probe of the control table a queue)
-  SELECT count(*) FILTER (WHERE greatest(j.run_at, c.rate_next_at) <= now()) AS remaining_due,
-         min(greatest(j.run_at, c.rate_next_at))
-           FILTER (WHERE greatest(j.run_at, c.rate_next_at) > now()) AS next_due_at
-  FROM {jobs} j
-  LEFT JOIN {control} c ON c.queue = j.queue AND c.rate_next_at > now()
-  WHERE j.status = 'queued' AND j.queue = ANY(%(queues)s)
-) q
-CROSS JOIN (
-  SELECT jsonb_object_agg(queue, n) FILTER (WHERE n > 0) AS unserved_due
-  FROM (SELECT qq.queue, (SELECT count(*) FROM {jobs} j
-                          WHERE j.status = 'queued' AND j.queue = qq.queue
-                            AND j.run_at <= now()) AS n
-        FROM queued_queues qq
-        WHERE qq.queue IS NOT NULL AND qq.queue <> ALL(%(served)s::text[])) s
-) u
+CROSS JOIN @due_summary
 WHERE c.oid = %(regclass)s::regclass AND (SELECT go FROM go);
 
 -- name: vacuum_after_drain
@@ -735,8 +646,7 @@ VACUUM (SKIP_LOCKED) {jobs};
 INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key, trace_context)
 VALUES (%(queue)s, %(payload)s, coalesce(%(run_at)s, now()), %(priority)s, %(max_attempts)s,
         %(dedup_key)s, %(trace_context)s)
-ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
-DO NOTHING
+@dedup_skip
 RETURNING id;
 
 -- name: queue_seen
@@ -788,8 +698,7 @@ INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key, t
 SELECT queue, payload, coalesce(run_at, now()), priority, max_attempts, dedup_key, trace_context
 FROM drainer_enqueue_stage
 ORDER BY ord
-ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
-DO NOTHING;
+@dedup_skip;
 
 -- name: status_counts
 -- Jobs by queue and status, with the oldest due job, expired leases and next due time.
@@ -1007,7 +916,7 @@ RETURNING j.id, target.status AS was;
 -- name: purge_count
 -- `drainer purge --dry-run`: how many finished jobs of one status are older than the cutoff.
 SELECT count(*) FROM {jobs}
-WHERE status = %(status)s AND finished_at < now() - make_interval(secs => %(older_than)s);
+WHERE @finished_before(status => %(status)s, older_than => %(older_than)s);
 
 -- name: audit_sample
 -- `drainer audit`: one sample of pg_stat_activity, every session but the audit's own

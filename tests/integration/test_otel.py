@@ -213,3 +213,25 @@ def test_every_claim_path_carries_the_context(
     assert len(job_spans) == 6
     assert {s.parent.span_id for s in job_spans} == {parent.get_span_context().span_id}
     assert {s.attributes["drainer.outcome"] for s in job_spans} == {"succeeded"}
+
+
+@pytest.mark.parametrize("limits", [{"max_running": 2}, {"rate_limit": "100/s"},
+                                    {"max_running": 2, "rate_limit": "100/s"}])
+def test_a_limited_queue_s_jobs_are_linked_to_their_producer(
+        migrated: Settings, conn: psycopg.Connection[Any], registry: Registry,
+        spans: InMemorySpanExporter, limits: dict[str, Any]) -> None:
+    """A task with max_running or a rate limit is claimed under its queue's lock
+    (claim_batch_capped, claim_batch_rated): its jobs' spans are children of, and linked to,
+    the span that enqueued them, as every other claim's."""
+    registry.task("limited", **limits)(lambda job: None)
+    with trace.get_tracer("app").start_as_current_span("POST /limited") as request:
+        for _ in range(3):
+            enqueue(conn, "limited", {}, **_names(migrated))
+    producer = request.get_span_context()
+    assert run_once(migrated, registry=registry).succeeded == 3
+    job_spans = _job_spans(spans)
+    assert len(job_spans) == 3
+    for span in job_spans:
+        assert span.parent is not None and span.parent.span_id == producer.span_id
+        assert span.context.trace_id == producer.trace_id
+        assert [link.context.span_id for link in span.links] == [producer.span_id]

@@ -239,19 +239,6 @@ def test_the_clock_is_injected_not_read() -> None:
             row["latest_at"]) <= timedelta(days=366)
 
 
-def test_run_start_reaps_exactly_like_reap_expired() -> None:
-    """queries.sql cannot include one block in another: keep the two reaps identical
-    (run_start's CTE is reap_expired's update, plus the schema-version guard)."""
-    from drainer.db import QUERIES
-
-    def reap(text: str) -> str:
-        start = text.index("UPDATE {jobs}")
-        body = " ".join(text[start:text.index("RETURNING j.id, j.status, j.attempts")].split())
-        return body.replace(" AND (SELECT version FROM v) = %(latest)s", "")
-
-    assert reap(QUERIES["run_start"]) == reap(QUERIES["reap_expired"])
-
-
 def test_occurrence_times_of_the_served_definitions() -> None:
     defs = [define("a", "*/20 * * * *"), define("b", "0 * * * *"), define("c", "* * * * *")]
     start, end = utc(2026, 12, 1, 9, 0), utc(2026, 12, 1, 10, 0, 1)
