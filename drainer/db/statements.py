@@ -107,13 +107,13 @@ def _expand(text: str, fragments: dict[str, _Fragment], used: set[str],
     return "".join(out)
 
 
-def load_queries(text: str | None = None) -> dict[str, str]:
-    """The statements of ``sql/queries.sql`` (or of ``text``) by name, their fragments
+def load_queries(text: str | None = None, file: str = "queries.sql") -> dict[str, str]:
+    """The statements of ``drainer/sql/<file>`` (or of ``text``) by name, their fragments
     inserted: text with psycopg's ``{identifier}`` holes and ``%(name)s`` parameters.
     ValueError names what is wrong: an unknown, unused or recursive fragment, holes that
     do not match, a name defined twice."""
     if text is None:
-        text = resources.files("drainer").joinpath("sql/queries.sql").read_text("utf-8")
+        text = resources.files("drainer").joinpath(f"sql/{file}").read_text("utf-8")
     statements: dict[str, str] = {}
     fragments: dict[str, _Fragment] = {}
     heads = list(_HEADER.finditer(text))

@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import functools
-import re
-from importlib import resources
 
 from psycopg import sql
 
-_NAME_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.M)
+from drainer.db.statements import load_queries
 
 #: The control table's name in its schema (the schema is ``--schema``, as the jobs table's).
 TABLE = "fleet_tenants"
 
 
-def load(file: str = "fleet.sql") -> dict[str, str]:
-    """The named blocks of ``drainer/sql/<file>`` (``-- name: x`` headers, as queries.sql):
-    each block's text without its comment lines and trailing semicolon."""
-    text = resources.files("drainer").joinpath(f"sql/{file}").read_text("utf-8")
-    parts = _NAME_HEADER.split(text)
-    out: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
-        out[name] = "\n".join(lines).strip().rstrip(";")
-    return out
-
-
-STATEMENTS = load()
+#: fleet.sql's statements, loaded as queries.sql's are (named blocks, fragments).
+STATEMENTS = load_queries(file="fleet.sql")
 
 
 def regclass(schema: str) -> str:
