@@ -4,9 +4,10 @@ Exit codes: 0 done (also when a limit stopped a drain), 1 anything else, 2 usage
 configuration error, 3 database unreachable, 4 schema missing or out of date, 5 a database
 timeout cancelled a statement, 6 the --max-runtime watchdog ended a run that hung.
 
-One module per group of commands (schema, jobs, run, wake, status), each command with a
-``configure_<command>(subparsers)`` that adds its flags and ``set_defaults(func=...)``.
-This package is the only place that parses flags, prints, and turns errors into exit
+One module per group of commands (schema, enqueue, jobs, control, run, wake, status),
+each command with a ``configure_<command>(subparsers)`` that adds its flags and
+``set_defaults(func=...)``. This package is the only place that parses flags, prints
+(text tables and lines included: the library returns data), and turns errors into exit
 codes; the command functions import the library when they run, so a short command never
 loads APScheduler or the HTTP server.
 """
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from drainer._redact import redact
-from drainer.cli import jobs, run, schema, status, wake
+from drainer.cli import control, enqueue, jobs, run, schema, status, wake
 from drainer.cli._base import SCOPES as _SCOPES
 from drainer.cli._base import Parser, settings_from_args
 from drainer.errors import (
@@ -37,7 +38,7 @@ logger = logging.getLogger("drainer.cli")
 #: The commands in the order ``drainer --help`` lists them (the keys of _SCOPES).
 _CONFIGURE = (
     schema.configure_migrate,
-    jobs.configure_enqueue,
+    enqueue.configure_enqueue,
     status.configure_status,
     run.configure_run_once,
     run.configure_demo,
@@ -48,12 +49,12 @@ _CONFIGURE = (
     status.configure_audit,
     jobs.configure_jobs,
     jobs.configure_show,
-    jobs.configure_retry,
-    jobs.configure_cancel,
-    jobs.configure_purge,
-    jobs.configure_pause,
-    jobs.configure_resume,
-    jobs.configure_limit,
+    control.configure_retry,
+    control.configure_cancel,
+    control.configure_purge,
+    control.configure_pause,
+    control.configure_resume,
+    control.configure_limit,
 )
 assert len(_CONFIGURE) == len(_SCOPES)
 

@@ -15,7 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from drainer.audit import SessionFilter, audit, format_table
+from drainer.audit import SessionFilter, audit
+from drainer.cli.status import render_audit
 from drainer.waking import IdleTimeout
 from tests.conftest import cli_env, finish, make_settings
 
@@ -137,7 +138,7 @@ def test_audit_names_what_keeps_the_compute_awake(pg_url: str, schema: str,
 
     assert result.longest_quiet_gap_s < IDLE.seconds
     assert len(result.keeping_awake) == 3
-    table = format_table(result)
+    table = render_audit(result)
     assert "polls about every" in table and "idle in transaction" in table
     assert "reconnects about every" in table
 
