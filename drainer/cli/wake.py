@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
 
@@ -115,16 +116,14 @@ def wake_schedule_from_args(args: argparse.Namespace) -> WakeSchedule:
 
 def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
     """Validate, print the awake estimate, run until SIGTERM/SIGINT."""
-    from drainer.scheduler import DRY_RUN_WAKES, run_schedule
     from drainer.wake_schedule import check_schedule
-    from drainer.waking import estimate_interval, fmt_seconds, idle_timeout_of
+    from drainer.waking import idle_timeout_of
 
     wakes = wake_schedule_from_args(args)
     idle = idle_timeout_of(settings)
-    policy = settings.wake_policy
     max_runtime = check_schedule(wakes, idle, settings.max_runtime,
-                                 allow_always_on=args.allow_always_on, policy=policy,
-                                 max_sleep=settings.max_sleep)
+                                 allow_always_on=args.allow_always_on,
+                                 policy=settings.wake_policy, max_sleep=settings.max_sleep)
     listen = listen_address(args, None, None)
     token: str | None = None
     if listen is not None:
@@ -133,57 +132,97 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
         token = trigger_token(settings, args.no_auth)
     elif args.no_auth:
         raise ConfigError("--no-auth only goes with --listen")
-    definitions = _served_definitions(settings)
-    if policy == "known-work" and definitions:
+    plan = _SchedulePlan(wakes, idle, max_runtime, settings.wake_policy, listen,
+                         _served_definitions(settings))
+    estimate = plan.estimate(settings.max_sleep)
+    if args.dry_run:
+        sys.stdout.write("".join(line + "\n" for line in plan.dry_run(estimate,
+                                                                    settings.max_sleep)))
+        return 0
+    return _run_schedule(args, settings, plan, estimate, token)
+
+
+@dataclass(frozen=True)
+class _SchedulePlan:
+    """What ``drainer schedule`` will do, checked: its wakes, the idle timeout they are
+    measured against, a run's longest runtime, the wake policy, where it takes triggers
+    (None: it does not) and the recurring definitions of the queues it serves."""
+
+    wakes: WakeSchedule
+    idle: IdleTimeout
+    max_runtime: float
+    policy: str
+    listen: tuple[str, int] | None
+    definitions: list[Definition]
+
+    def estimate(self, max_sleep: float) -> AwakeEstimate:
+        """How long the compute stays up a day: known-work wakes for the recurring
+        occurrences and the --max-sleep safety net, always for every tick."""
+        from drainer.waking import estimate_interval
+
+        if self.policy != "known-work":
+            return self.wakes.estimate(self.idle, self.max_runtime)
+        if not self.definitions:
+            return estimate_interval(max_sleep, 0.0, self.idle, self.max_runtime)
         from drainer.wake_schedule import known_work_estimate
 
-        estimate = known_work_estimate(definitions, [d.queue for d in definitions], idle,
-                                       settings.max_sleep, max_runtime, datetime.now(timezone.utc))
-    elif policy == "known-work":
-        estimate = estimate_interval(settings.max_sleep, 0.0, idle, max_runtime)
-    else:
-        estimate = wakes.estimate(idle, max_runtime)
-    if args.dry_run:
-        out = sys.stdout
-        out.write(f"schedule: {wakes.describe()}\n")
-        if policy == "known-work":
-            out.write(f"wake policy: known-work (ticks check without connecting; a tick "
-                      f"wakes after a trigger, with due work left, for a retry come due "
-                      f"but not sooner than {fmt_seconds(idle.seconds)} after the last run, "
-                      f"or {fmt_seconds(settings.max_sleep)} after the last run "
-                      f"(--max-sleep))\n")
-            out.write(f"next {DRY_RUN_WAKES} ticks (the first drains in full; with no "
-                      "work, later ones skip):\n")
-        else:
-            out.write("wake policy: always (every tick drains)\n")
-            out.write(f"next {DRY_RUN_WAKES} wakes:\n")
-        for when in wakes.next_wakes(DRY_RUN_WAKES):
-            out.write(f"  {when.isoformat()}\n")
-        if listen is not None:
-            out.write(f"triggers: POST http://{listen[0]}:{listen[1]}/drain drains at once\n")
-        for line in _describe_recurring(definitions, policy, idle):
-            out.write(line + "\n")
-        out.write(f"max runtime of a run: {fmt_seconds(max_runtime)}\n")
-        out.write(_describe_estimate(estimate, policy, idle, listen is not None,
-                                     recurring=bool(definitions)) + "\n")
-        return 0
+        return known_work_estimate(self.definitions, [d.queue for d in self.definitions],
+                                   self.idle, max_sleep, self.max_runtime,
+                                   datetime.now(timezone.utc))
 
+    def describe_estimate(self, estimate: AwakeEstimate) -> str:
+        return _describe_estimate(estimate, self.policy, self.idle, self.listen is not None,
+                                  recurring=bool(self.definitions))
+
+    def dry_run(self, estimate: AwakeEstimate, max_sleep: float) -> list[str]:
+        """What --dry-run prints: the schedule, its next wakes, the triggers, the recurring
+        definitions, a run's max runtime and the awake estimate."""
+        from drainer.scheduler import DRY_RUN_WAKES
+        from drainer.waking import fmt_seconds
+
+        lines = [f"schedule: {self.wakes.describe()}"]
+        if self.policy == "known-work":
+            lines.append(f"wake policy: known-work (ticks check without connecting; a tick "
+                         f"wakes after a trigger, with due work left, for a retry come due "
+                         f"but not sooner than {fmt_seconds(self.idle.seconds)} after the "
+                         f"last run, or {fmt_seconds(max_sleep)} after the last run "
+                         f"(--max-sleep))")
+            lines.append(f"next {DRY_RUN_WAKES} ticks (the first drains in full; with no "
+                         "work, later ones skip):")
+        else:
+            lines.append("wake policy: always (every tick drains)")
+            lines.append(f"next {DRY_RUN_WAKES} wakes:")
+        lines.extend(f"  {when.isoformat()}" for when in self.wakes.next_wakes(DRY_RUN_WAKES))
+        if self.listen is not None:
+            lines.append(f"triggers: POST http://{self.listen[0]}:{self.listen[1]}/drain "
+                         "drains at once")
+        lines.extend(_describe_recurring(self.definitions, self.policy, self.idle))
+        lines.append(f"max runtime of a run: {fmt_seconds(self.max_runtime)}")
+        lines.append(self.describe_estimate(estimate))
+        return lines
+
+
+def _run_schedule(args: argparse.Namespace, settings: Settings, plan: _SchedulePlan,
+                  estimate: AwakeEstimate, token: str | None) -> int:
+    """Log the warnings and the estimate, then run the schedule until a signal."""
     from drainer._signals import stop_on_signals
     from drainer.drain import resolve_queues
     from drainer.registry import default_registry
+    from drainer.scheduler import run_schedule
+    from drainer.waking import fmt_seconds
 
     resolve_queues(settings, default_registry)  # fail now, not at the first wake
+    idle, max_runtime = plan.idle, plan.max_runtime
     if idle.assumed:
         schedule_log.warning("idle timeout unknown: assuming %s (%s)",
                              fmt_seconds(idle.seconds), idle.source)
-    if (policy == "always" and not idle.never_suspends
-            and wakes.min_gap() <= idle.seconds + max_runtime):
+    if (plan.policy == "always" and not idle.never_suspends
+            and plan.wakes.min_gap() <= idle.seconds + max_runtime):
         schedule_log.warning("a run that uses its full max runtime (%s) leaves less than the "
                              "idle timeout before the next wake: such wakes keep the compute "
                              "up until the next one", fmt_seconds(max_runtime))
-    schedule_log.info(_describe_estimate(estimate, policy, idle, listen is not None,
-                                         recurring=bool(definitions)),
-                      extra={"awake_estimate": estimate.as_dict(), "wake_policy": policy})
+    schedule_log.info(plan.describe_estimate(estimate),
+                      extra={"awake_estimate": estimate.as_dict(), "wake_policy": plan.policy})
     run_settings = settings.model_copy(update={"max_runtime": max_runtime})
     _share_log_handlers()
 
@@ -200,10 +239,10 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
         os._exit(1)
 
     with stop_on_signals(stop, stopping, exit_now):
-        runs = run_schedule(run_settings, wakes, stop=stop, idle=idle,
+        runs = run_schedule(run_settings, plan.wakes, stop=stop, idle=idle,
                             pull_earlier=args.pull_earlier, on_report=_print_report,
-                            policy=policy, max_sleep=settings.max_sleep, listen=listen,
-                            token=token)
+                            policy=plan.policy, max_sleep=settings.max_sleep,
+                            listen=plan.listen, token=token)
     schedule_log.info("stopped after %d run(s)", runs)
     return 0
 
