@@ -2,7 +2,7 @@
 defences (a cap on open connections that evicts the slowest header sender, a deadline on
 the request headers, bounded bodies), the routes (POST /drain, GET /healthz, GET
 /runs/<id>) and :class:`HttpHost`, its start and shutdown order. What a trigger does (the
-coalesced drains) is in drainer/serve.py, which re-exports the names here."""
+coalesced drains) is in drainer/serve.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from urllib.parse import parse_qs, urlsplit
 if TYPE_CHECKING:
     from drainer.serve import Coalescer
 
-# the serve module's logger, as before the split
+# logs as drainer.serve: to whoever reads the logs these lines are the trigger's (drainer
+# serve, schedule --listen), and one logger name covers them all in a logging config
 logger = logging.getLogger("drainer.serve")
 
 #: Largest request body accepted (POST /drain needs none); larger ones get 413.

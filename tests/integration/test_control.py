@@ -1,4 +1,4 @@
-"""Job control (issue 17) on a real PostgreSQL: snooze, retry policy, discard, results,
+"""Job control on a real PostgreSQL: snooze, retry policy, discard, results,
 follow-ups in the same drain, pause/resume."""
 
 from __future__ import annotations
