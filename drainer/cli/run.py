@@ -30,8 +30,8 @@ def configure_run_once(sub: Any) -> None:
 
 
 def run_once_command(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.cli._progress import progress_printer
     from drainer.drain import run_once
-    from drainer.progress import progress_printer
 
     progress = progress_printer()
     try:

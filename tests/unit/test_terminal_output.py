@@ -6,8 +6,8 @@ from __future__ import annotations
 def test_the_progress_line_ends_with_the_final_figures() -> None:
     import io
 
+    from drainer.cli._progress import ProgressLine
     from drainer.drain.report import RunReport
-    from drainer.progress import ProgressLine
 
     out = io.StringIO()
     line = ProgressLine(out, min_interval=3600, show_after=0)
