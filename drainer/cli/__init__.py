@@ -4,8 +4,8 @@ Exit codes: 0 done (also when a limit stopped a drain), 1 anything else, 2 usage
 configuration error, 3 database unreachable, 4 schema missing or out of date, 5 a database
 timeout cancelled a statement, 6 the --max-runtime watchdog ended a run that hung.
 
-One module per group of commands (schema, enqueue, jobs, control, run, wake, status),
-each command with a ``configure_<command>(subparsers)`` that adds its flags and
+One module per group of commands (schema, enqueue, jobs, control, run, schedule, wake,
+status), each command with a ``configure_<command>(subparsers)`` that adds its flags and
 ``set_defaults(func=...)``. This package is the only place that parses flags, prints
 (text tables and lines included: the library returns data), and turns errors into exit
 codes; the command functions import the library when they run, so a short command never
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from drainer._redact import redact
-from drainer.cli import control, enqueue, jobs, run, schema, status, wake
+from drainer.cli import control, enqueue, jobs, run, schedule, schema, status, wake
 from drainer.cli._base import SCOPES as _SCOPES
 from drainer.cli._base import Parser, settings_from_args
 from drainer.errors import (
@@ -42,7 +42,7 @@ _CONFIGURE = (
     status.configure_status,
     run.configure_run_once,
     run.configure_demo,
-    wake.configure_schedule,
+    schedule.configure_schedule,
     wake.configure_next_wake,
     wake.configure_serve,
     run.configure_worker,
