@@ -3,8 +3,7 @@ server and its defences (:class:`GuardedServer`: a cap on open connections that 
 slowest header sender; :class:`GuardedHandler`: a deadline on the request headers, bounded
 bodies), the trigger's routes (POST /drain, GET /healthz, GET /runs/<id>) and
 :class:`HttpHost`, its start and shutdown order. What a trigger does (the coalesced drains)
-is in drainer/serve.py, which re-exports the names here; the dashboard's routes are in
-drainer/ui/routes.py."""
+is in drainer/serve.py; the dashboard's routes are in drainer/ui/routes.py."""
 
 from __future__ import annotations
 
@@ -24,7 +23,8 @@ from urllib.parse import parse_qs, urlsplit
 if TYPE_CHECKING:
     from drainer.serve import Coalescer
 
-# the serve module's logger, as before the split
+# logs as drainer.serve: to whoever reads the logs these lines are the trigger's (drainer
+# serve, schedule --listen), and one logger name covers them all in a logging config
 logger = logging.getLogger("drainer.serve")
 
 #: Largest request body accepted (POST /drain needs none); larger ones get 413.

@@ -58,7 +58,7 @@ class TextFormatter(logging.Formatter):
 
 
 class _TerminalHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Clears the live progress line (drainer/progress.py) before writing a log line."""
+    """Clears the live progress line (drainer/cli/_progress.py) before writing a log line."""
 
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(OSError, ValueError):

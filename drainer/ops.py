@@ -1,20 +1,20 @@
-"""Operator commands: ``jobs``, ``show``, ``retry``, ``cancel`` and ``purge``.
+"""What the operator's commands do: list and show jobs; retry, cancel and purge them;
+pause, resume and limit queues.
 
-Each is a function that takes the settings and returns a small dict of counts or rows
-(the CLI, drainer/cli/jobs.py, prints it as JSON or through the ``render_*`` functions
-here). Each opens one connection, runs a few statements of ``sql/queries.sql``, and
-touches only the jobs it names.
+Each is a function that takes the settings and returns data: a list of rows or a small
+dict of counts and ids (drainer/cli/ prints it as JSON or as text). Each opens one
+connection, runs a few statements of ``sql/queries.sql``, and touches only the jobs or
+queues it names.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from drainer._text import iso, text_table
+from drainer._text import iso
 from drainer.errors import ConfigError, DrainerError
 
 if TYPE_CHECKING:
@@ -263,9 +263,6 @@ def purge_batches(q: Queries, status: str, older_than: float, batch: int) -> tup
             return deleted, statements
 
 
-# -- text -----------------------------------------------------------------------------------------
-
-
 # -- pause and resume -----------------------------------------------------------------------------
 
 
@@ -326,16 +323,6 @@ def _limit_entry(queue: str, row: dict[str, Any]) -> dict[str, Any]:
             **({"rate_next_at": next_at.isoformat()} if next_at is not None else {})}
 
 
-def render_limits(report: dict[str, Any]) -> str:
-    lines = []
-    for e in report["limits"]:
-        mr = "-" if e["max_running"] is None else str(e["max_running"])
-        rate = e["rate_limit"] or "-"
-        lines.append(f"{e['queue']}: max_running {mr}, rate {rate} (operator's; '-': the "
-                     "setting's or the task's applies)")
-    return "\n".join(lines)
-
-
 def _queue_names(queues: Sequence[str]) -> list[str]:
     names = list(dict.fromkeys(queues))
     if not names or any(not n for n in names):
@@ -366,94 +353,3 @@ def with_attempts_applied(row: dict[str, Any], limits: dict[str, int | None]
     limit = limits.get(row["queue"])
     return {**row, "max_attempts_applied": row["max_attempts"] if limit is None else limit,
             "max_attempts_source": "row" if limit is None else "task"}
-
-
-def _attempts_ambiguous(row: dict[str, Any]) -> bool:
-    """Failed below the row's max_attempts, not cancelled: the row's figure does not say
-    why (a task's max_attempts, its discard_on or retry_on; ``--app`` tells)."""
-    error = row.get("error", row.get("last_error")) or ""
-    return (row["status"] == "failed" and row["attempts"] < row["max_attempts"]
-            and "max_attempts_source" not in row and not error.startswith("cancelled"))
-
-
-def _attempts(row: dict[str, Any]) -> str:
-    """``2/5`` (the row's max_attempts), ``2/2 (task)`` when the app's task sets it."""
-    if row.get("max_attempts_source") == "task":
-        return f"{row['attempts']}/{row['max_attempts_applied']} (task)"
-    return f"{row['attempts']}/{row['max_attempts']}"
-
-
-#: Under `drainer jobs` and `drainer show` when a failed job's attempts are below the row's
-#: max_attempts and no --app says the task's.
-AMBIGUOUS_ATTEMPTS_NOTE = (
-    "note: attempts/max is the row's max_attempts column; a task's @task(max_attempts=...) "
-    "overrides it at run time (and discard_on fails a job at once): pass --app to show "
-    "what applies")
-
-
-def render_jobs(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "(no jobs)"
-    table: list[tuple[str, ...]] = [("id", "queue", "status", "attempts", "run_at",
-                                     "locked_until", "finished_at", "last_error")]
-    for r in rows:
-        table.append((str(r["id"]), r["queue"], r["status"], _attempts(r),
-                      _short_time(r["run_at"]),
-                      _short_time(r["locked_until"]), _short_time(r["finished_at"]),
-                      (r["error"] or "")[:60]))
-    lines = text_table(table)
-    if any(_attempts_ambiguous(r) for r in rows):
-        lines.append(AMBIGUOUS_ATTEMPTS_NOTE)
-    return "\n".join(lines)
-
-
-def _short_time(value: str | None) -> str:
-    return "-" if value is None else value[:19].replace("T", " ")
-
-
-#: Keys of a job that `drainer show` prints in their own way, or not at all.
-_SHOWN_APART = ("payload", "last_error", "result", "max_attempts_applied", "max_attempts_source")
-
-
-def render_job(job: dict[str, Any]) -> str:
-    """Every column as ``key: value``, the values in one column (the longest key's), then
-    the payload, the result and the full last_error below their keys (``-`` when none)."""
-    width = max(len(k) for k in [*job, "last_error"] if k not in _SHOWN_APART[3:]) + 2
-
-    def field(key: str, value: Any) -> str:
-        return f"{key + ':':{width}s}{'-' if value is None else value}"
-
-    lines = []
-    for key, value in job.items():
-        if key in _SHOWN_APART:
-            continue
-        if key == "max_attempts" and job.get("max_attempts_source") == "task":
-            value = f"{job['max_attempts_applied']} (task; the row's column: {value})"
-        lines.append(field(key, value))
-    lines.append("payload:")
-    lines.append(json.dumps(job["payload"], indent=2, ensure_ascii=False))
-    if job.get("result") is not None:
-        lines.append("result:")
-        lines.append(json.dumps(job["result"], indent=2, ensure_ascii=False))
-    else:
-        lines.append(field("result", None))
-    if job["last_error"] is not None:
-        lines.append("last_error:")
-        lines.append(job["last_error"].rstrip())
-    else:
-        lines.append(field("last_error", None))
-    if _attempts_ambiguous(job):
-        lines.append(AMBIGUOUS_ATTEMPTS_NOTE)
-    return "\n".join(lines)
-
-
-def render_counts(report: dict[str, Any]) -> str:
-    head = "dry run, nothing changed: " if report.get("dry_run") else ""
-    counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report.items()
-                       if isinstance(v, int) and not isinstance(v, bool) and k != "statements"
-                       and (v or k in ("retried", "cancelled", "purged")))
-    lines = [head + counts]
-    for k, v in report.items():
-        if isinstance(v, list) and v:
-            lines.append(f"  {k.replace('_', ' ')}: {', '.join(map(str, v))}")
-    return "\n".join(lines)

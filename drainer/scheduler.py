@@ -19,22 +19,11 @@ from typing import TYPE_CHECKING, Any
 from apscheduler.triggers.base import BaseTrigger
 
 from drainer import wake_schedule
-from drainer.cron import (
-    CRON_MACROS,
-    CRON_WEEKDAYS,
-    CronExpr,
-    iter_fire_times,
-    next_fire_times,
-    parse_cron,
-)
+from drainer.cron import iter_fire_times
 from drainer.errors import ConfigError, DrainerError
-from drainer.wake_schedule import CRON_HORIZON_S, CRON_MAX_FIRES, check_schedule
 from drainer.waking import (
-    DEFAULT_MAX_RUNTIME_CAP_S,
-    DEFAULT_MAX_RUNTIME_FRACTION,
     DEFAULT_MAX_SLEEP_S,
     WAKE_POLICIES,
-    IdleTimeout,
     WakeState,
     fmt_seconds,
     idle_timeout_of,
@@ -43,19 +32,13 @@ from drainer.waking import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from drainer.cron import CronExpr
     from drainer.drain.report import RunReport
     from drainer.registry import Registry
     from drainer.settings import Settings
+    from drainer.waking import IdleTimeout
 
 logger = logging.getLogger(__name__)
-
-__all__ = [
-    "CRON_HORIZON_S", "CRON_MACROS", "CRON_MAX_FIRES", "CRON_WEEKDAYS",
-    "DEFAULT_MAX_RUNTIME_CAP_S", "DEFAULT_MAX_RUNTIME_FRACTION", "DRY_RUN_WAKES", "JOB_ID",
-    "PULL_EARLIER_MIN_GAIN_S", "WAKE_POLICIES", "CronExpr", "CronWakeTrigger", "WakeSchedule",
-    "WakeState", "check_schedule", "cron_trigger", "next_fire_times",
-    "parse_cron", "run_schedule", "wake_trigger",
-]
 
 #: --dry-run prints this many wakes.
 DRY_RUN_WAKES = 5
@@ -103,11 +86,6 @@ class CronWakeTrigger(BaseTrigger):  # type: ignore[misc]  # APScheduler 3 is un
 
     def __repr__(self) -> str:
         return f"<CronWakeTrigger ({self.expr.text!r}, timezone='{self.timezone}')>"
-
-
-def cron_trigger(expr: str, tz: tzinfo, jitter: float | None = None) -> Any:
-    """An APScheduler trigger that fires when cron would fire for ``expr`` (ValueError if bad)."""
-    return CronWakeTrigger(parse_cron(expr), tz, jitter or None)
 
 
 def wake_trigger(wakes: wake_schedule.WakeSchedule, *, jitter: bool = True) -> Any:
@@ -270,7 +248,7 @@ def run_schedule(settings: Settings, wakes: wake_schedule.WakeSchedule, *, stop:
     from apscheduler.executors.pool import ThreadPoolExecutor
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from drainer.serve import HttpHost
+    from drainer._http import HttpHost
 
     idle = idle or idle_timeout_of(settings)
     runner = _Runner(settings, registry, stop, idle, pull_earlier, on_report,

@@ -16,16 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-# the HTTP side, importable from here as before the split
-from drainer._http import DISCARD_LIMIT_BYTES as DISCARD_LIMIT_BYTES
-from drainer._http import EVICT_WAIT_S as EVICT_WAIT_S
-from drainer._http import HEADER_DEADLINE_S as HEADER_DEADLINE_S
-from drainer._http import MAX_BODY_BYTES as MAX_BODY_BYTES
-from drainer._http import MAX_CONNECTIONS as MAX_CONNECTIONS
-from drainer._http import REQUEST_TIMEOUT_S as REQUEST_TIMEOUT_S
-from drainer._http import Closed as Closed
-from drainer._http import HttpHost as HttpHost
-from drainer._http import Server as Server
+from drainer._http import Closed, HttpHost, Server
 from drainer._redact import redact
 from drainer.errors import ConfigError, DrainerError
 
@@ -201,7 +192,6 @@ class Coalescer:
             thread.join(timeout)
 
 
-
 def drain_func(settings: Settings) -> DrainFunc:
     """The drain each POST /drain runs: :func:`drainer.drain.run_once` with the stop event."""
 
@@ -227,8 +217,6 @@ def make_server(settings: Settings, host: str, port: int, *, token: str | None,
         return Server((host, port), coalescer, token)
     except OSError as exc:
         raise DrainerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-
-
 
 
 def serve_until(server: Server, stop: threading.Event, *, grace: float, note: str,

@@ -1,4 +1,5 @@
-"""What the queue is doing (``drainer status``), from one connection and a few statements."""
+"""What the queue is doing (``drainer status``) and when the next drain is needed
+(``drainer next-wake``), as data, from one connection and a few statements."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from drainer._text import iso, text_table
+from drainer._text import iso
 from drainer.recurring import iso_utc
 
 if TYPE_CHECKING:
@@ -178,85 +179,3 @@ def _queue_limits(settings: Settings, registry: Registry,
 
 def _round(value: Any) -> float | None:
     return None if value is None else round(float(value), 3)
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(n)
-
-
-def render_status(st: dict[str, Any]) -> str:
-    lines = [f"jobs table {st['schema']}.{st['table']} (schema version {st['schema_version']})",
-             ""]
-    header = ("queue", "queued", "due", "running", "done", "failed", "oldest due", "expired")
-    table = [header]
-    for name, q in st["queues"].items():
-        age = q["oldest_due_age_s"]
-        table.append((name, str(q["queued"]), str(q["due"]), str(q["running"]), str(q["done"]),
-                      str(q["failed"]), "-" if age is None else f"{age:.0f}s",
-                      str(q["expired_leases"])))
-    if len(table) == 1:
-        lines.append("(no jobs)")
-    else:
-        lines.extend(text_table(table, right=range(1, len(header))))
-    lines.append("")
-    lines.append(f"next due:        {st['next_due_at'] or '-'}")
-    if st.get("paused_queues"):
-        lines.append("paused queues:   " + ", ".join(
-            f"{name} (since {since})" for name, since in st["paused_queues"].items())
-            + " (not claimed; jobs keep arriving: `drainer resume QUEUE`)")
-    for lim in st.get("queue_limits") or []:
-        parts = []
-        if lim["max_running"] is not None:
-            parts.append(f"max_running {lim['max_running']} ({lim['max_running_from']})")
-        if lim["rate_limit"] is not None:
-            parts.append(f"rate {lim['rate_limit']} ({lim['rate_limit_from']})")
-        if lim["rate_next_at"]:
-            parts.append(f"window full, next slot {lim['rate_next_at']}")
-        if parts:
-            lines.append(f"limits {lim['queue']}: " + "; ".join(parts))
-    lines.append(f"expired leases:  {st['expired_leases']} (the next run's reaper returns them)")
-    for name, q in st["queues"].items():
-        if q["failed_errors"]:
-            lines.append(f"dead letters {name}: {q['failed']} failed; most common errors:")
-            for e in q["failed_errors"]:
-                lines.append(f"  {e['jobs']:>8}  {e['error'] or '(no last_error)'}")
-    lines.append(f"table size:      {_size(st['table_bytes'])} + indexes "
-                 f"{_size(st['index_bytes'])}")
-    lines.append(f"dead tuples:     {st['n_dead_tup']} (live {st['n_live_tup']})")
-    lines.append(f"last autovacuum: {st['last_autovacuum'] or 'never'}; last vacuum: "
-                 f"{st['last_vacuum'] or 'never'}")
-    xact = st.get("oldest_xact_age_s")
-    lines.append(f"other drainer sessions: {st.get('drainer_sessions')}; oldest open "
-                 f"transaction: {'none' if xact is None else f'{xact:.0f}s'}"
-                 + (" (holds back VACUUM)" if xact is not None and xact > 60 else ""))
-    lines.extend(_render_recurring(st.get("recurring") or []))
-    return "\n".join(lines)
-
-
-def _render_recurring(series: list[dict[str, Any]]) -> list[str]:
-    if not series:
-        return []
-    header = ("recurring", "queue", "schedule", "next", "last")
-    table = [header]
-    for s in series:
-        sched = "-" if s["cron"] is None else f"{s['cron']} ({s['timezone']})"
-        if s["defined"] is False:
-            sched = "(not in the app: its future occurrences go at the next drain)"
-        elif s["served"] is False:
-            sched += " (unserved: no handler)"
-        nxt = s["next_at"] or "-"
-        if s["next_at"] and not s["next_in_table"]:
-            nxt += " (after the next drain)"
-        last = "-" if s["last_status"] is None else (
-            f"{s['last_status']} {s['last_scheduled_for']}"
-            + (f": {s['last_error']}" if s["last_status"] == "failed" and s["last_error"]
-               else ""))
-        table.append((s["key"], s["queue"] or "-", sched, nxt, last))
-    return ["", *text_table(table)]

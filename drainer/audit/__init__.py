@@ -29,7 +29,6 @@ from drainer.audit.findings import (
     ClientFinding,
     SessionFinding,
     UnseenFinding,
-    format_table,
 )
 from drainer.audit.judging import (
     HIDDEN_QUERY,
@@ -65,7 +64,7 @@ __all__ = [
     "POLL_MIN_QUERIES", "POLL_STILL_GOING_PERIODS", "QUERY_CHARS", "RECONNECT_MIN_NEW",
     "SAMPLE_INTERVAL_S", "SAMPLE_SQL", "SHOWN_QUERY_CHARS", "Activity", "AuditResult",
     "ClientFinding", "IdleTimeout", "Sample", "SessionFilter", "SessionFinding", "SessionRow",
-    "UnseenFinding", "audit", "format_table", "judge", "sample_activity", "shorten",
+    "UnseenFinding", "audit", "judge", "sample_activity", "shorten",
 ]
 
 

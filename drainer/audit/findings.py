@@ -1,13 +1,10 @@
 """What an audit found: one finding per session, reconnecting client and unseen
-connections, the verdict, and the table ``drainer audit`` prints."""
+connections, and the verdict."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from typing import Any
-
-from drainer.waking import fmt_seconds
 
 
 @dataclass
@@ -103,50 +100,3 @@ class AuditResult:
             for session in out["sessions"]:
                 session.pop("activity_times", None)
         return out
-
-
-def format_table(result: AuditResult) -> str:
-    """The human report: one row per session (reconnecting clients folded into one row)."""
-    folded = {pid for c in result.reconnecting_clients for pid in c.pids}
-    rows: list[list[str]] = []
-    for c in sorted(result.reconnecting_clients, key=lambda c: not c.keeps_awake):
-        rows.append([f"{len(c.pids)} pids", c.application_name or "", c.user or "",
-                     c.database or "", c.client_addr or "local", "(reconnecting)",
-                     "client backend", "YES" if c.keeps_awake else "no", c.reason, ""])
-    for u in sorted(result.unseen_connections, key=lambda u: not u.keeps_awake):
-        rows.append(["-", "(unseen)", "", u.database, "", "(short connections)", "",
-                     "YES" if u.keeps_awake else "no", u.reason, ""])
-    for s in sorted(result.sessions, key=lambda s: (not s.keeps_awake, s.pid)):
-        if s.pid in folded and s.backend_type == "client backend":
-            continue
-        rows.append([str(s.pid), s.application_name or "", s.user or "", s.database or "",
-                     s.client_addr or ("local" if s.backend_type == "client backend" else ""),
-                     s.state or "", s.backend_type, "YES" if s.keeps_awake else "no",
-                     s.reason, s.query or ""])
-    head = ["PID", "APPLICATION", "USER", "DATABASE", "CLIENT", "STATE", "TYPE", "AWAKE",
-            "WHY", "QUERY"]
-    caps = [10, 32, 16, 16, 15, 20, 18, 5, 84, 48]
-    table = [head, *rows]
-    cells = [[c if len(c) <= cap else c[: cap - 1] + "…" for c, cap in zip(r, caps,
-                                                                            strict=True)]
-             for r in table]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in cells]
-    out = [f"sampled pg_stat_activity {result.samples} times over "
-           f"{fmt_seconds(result.duration_s)} ({result.started_at} .. {result.ended_at})"]
-    if rows:
-        out.extend(lines)
-    else:
-        out.append("no sessions seen (other than the audit's own)")
-    if result.counters != "on":
-        out.append(f"connections shorter than a sample: not counted ({result.counters})")
-    before = (result.longest_quiet_gap_from is not None
-              and datetime.fromisoformat(result.longest_quiet_gap_from)
-              < datetime.fromisoformat(result.started_at))
-    out.append(f"longest quiet gap: {fmt_seconds(result.longest_quiet_gap_s)}"
-               + (f" (from {result.longest_quiet_gap_from}"
-                  f"{', before the window' if before else ''})"
-                  if result.longest_quiet_gap_from else ""))
-    out.append(result.verdict)
-    return "\n".join(out) + "\n"

@@ -44,6 +44,10 @@ class _Track:
     non_idle: dict[str, float] = field(default_factory=dict)  # state -> longest seen, s
 
 
+#: A session: its pid and backend_start (a pid is reused by later sessions).
+_Key = tuple[int, datetime | None]
+
+
 def _activity_of(row: SessionRow, at: datetime) -> datetime | None:
     """When this row says the compute last had activity from this session."""
     if row.query == HIDDEN_QUERY and row.state is None:
@@ -105,33 +109,9 @@ def _fmt_every(s: float) -> str:
 def judge(activity: Activity, idle: IdleTimeout) -> AuditResult:
     """Apply the rules to the samples and say whether the compute could suspend."""
     start, end = activity.started_at, activity.ended_at
-    tracks: dict[tuple[int, datetime | None], _Track] = {}
-    last_sample_keys: set[tuple[int, datetime | None]] = set()
-    for n, sample in enumerate(activity.samples):
-        for row in sample.rows:
-            key = (row.pid, row.backend_start)
-            tr = tracks.get(key)
-            if tr is None:
-                tr = tracks[key] = _Track(row, sample.at, row, sample.at)
-            tr.last, tr.last_seen = row, sample.at
-            tr.seen += 1
-            if row.query_start is not None and row.backend_type == "client backend":
-                tr.query_starts.add(row.query_start)
-            when = _activity_of(row, sample.at)
-            if when is not None:
-                tr.activity.add(when)
-            if row.backend_start is not None and row.backend_start >= start:
-                tr.activity.add(row.backend_start)
-            if row.backend_type == "client backend" and row.state in _NON_IDLE:
-                since = row.state_change or row.query_start or sample.at
-                held = max(0.0, (sample.at - since).total_seconds())
-                tr.non_idle[row.state or "?"] = max(tr.non_idle.get(row.state or "?", 0.0),
-                                                    held)
-            if n == len(activity.samples) - 1:
-                last_sample_keys.add(key)
-
-    sessions = [_judge_session(tr, tr_key in last_sample_keys, end, idle, activity.interval_s)
-                for tr_key, tr in sorted(tracks.items(), key=lambda kv: kv[1].first_seen)]
+    tracks, at_end = _tracks(activity)
+    sessions = [_judge_session(tr, key in at_end, end, idle, activity.interval_s)
+                for key, tr in sorted(tracks.items(), key=lambda kv: kv[1].first_seen)]
     clients = _judge_clients(tracks, start, end, idle)
     unseen, unseen_times = _judge_unseen(activity, tracks, end, idle)
 
@@ -144,36 +124,8 @@ def judge(activity: Activity, idle: IdleTimeout) -> AuditResult:
     window = (end - start).total_seconds()
     awake = (window if idle.never_suspends else covered_seconds(
         [t.timestamp() for t in instants], idle.seconds, start.timestamp(), end.timestamp()))
-
-    keeping = [*(s for s in sessions if s.keeps_awake), *(c for c in clients if c.keeps_awake),
-               *(u for u in unseen if u.keeps_awake)]
-    suspend_at: datetime | None = None
-    if idle.never_suspends:
-        could, verdict = False, (f"the compute never suspends ({idle.source}): nothing to "
-                                 "keep asleep")
-    elif keeping:
-        could = False
-        verdict = (f"keeps the compute awake: {len(keeping)} of "
-                   f"{len(sessions) + len(clients) + len(unseen)} session(s)/clients "
-                   f"with a {fmt_seconds(idle.seconds)} "
-                   f"idle timeout ({idle.source}); longest quiet gap: "
-                   f"{quiet.words(start, end, idle.seconds).removeprefix('for ')}")
-    elif window >= idle.seconds and inside_gap < idle.seconds:
-        could = False
-        verdict = (f"keeps the compute awake: activity from several sessions left no quiet "
-                   f"gap of {fmt_seconds(idle.seconds)} in {fmt_seconds(window)} of sampling "
-                   f"(longest {fmt_seconds(inside_gap)})")
-    else:
-        could = True
-        suspend_at = (last_activity or start) + timedelta(seconds=idle.seconds)
-        if gap >= idle.seconds:
-            verdict = (f"could suspend: quiet {quiet.words(start, end, idle.seconds)}, "
-                       f"longer than the {fmt_seconds(idle.seconds)} idle timeout "
-                       f"({idle.source})")
-        else:
-            verdict = (f"could suspend: nothing keeps it awake; with no new activity it "
-                       f"suspends at about {suspend_at.isoformat(timespec='seconds')} "
-                       f"({fmt_seconds(idle.seconds)} idle timeout, {idle.source})")
+    could, verdict, suspend_at = _verdict(
+        idle, [*sessions, *clients, *unseen], quiet, start, end, last_activity)
     hidden = sum(1 for s in sessions if s.reason.startswith("hidden"))
     if hidden:
         verdict += (f"; {hidden} session(s) of other roles were hidden from this user, "
@@ -190,6 +142,63 @@ def judge(activity: Activity, idle: IdleTimeout) -> AuditResult:
         filters=activity.filters.as_dict(),
         activity_times=[t.isoformat() for t in instants],
     )
+
+
+def _tracks(activity: Activity) -> tuple[dict[_Key, _Track], set[_Key]]:
+    """Each session seen in the samples, with what it did; and those of the last sample
+    (still connected at the end)."""
+    tracks: dict[_Key, _Track] = {}
+    for sample in activity.samples:
+        for row in sample.rows:
+            key = (row.pid, row.backend_start)
+            tr = tracks.get(key)
+            if tr is None:
+                tr = tracks[key] = _Track(row, sample.at, row, sample.at)
+            tr.last, tr.last_seen = row, sample.at
+            tr.seen += 1
+            if row.query_start is not None and row.backend_type == "client backend":
+                tr.query_starts.add(row.query_start)
+            when = _activity_of(row, sample.at)
+            if when is not None:
+                tr.activity.add(when)
+            if row.backend_start is not None and row.backend_start >= activity.started_at:
+                tr.activity.add(row.backend_start)
+            if row.backend_type == "client backend" and row.state in _NON_IDLE:
+                since = row.state_change or row.query_start or sample.at
+                held = max(0.0, (sample.at - since).total_seconds())
+                tr.non_idle[row.state or "?"] = max(tr.non_idle.get(row.state or "?", 0.0),
+                                                    held)
+    last = activity.samples[-1].rows if activity.samples else []
+    return tracks, {(row.pid, row.backend_start) for row in last}
+
+
+def _verdict(idle: IdleTimeout,
+             findings: Sequence[SessionFinding | ClientFinding | UnseenFinding],
+             quiet: _Quiet, start: datetime, end: datetime, last_activity: datetime | None
+             ) -> tuple[bool, str, datetime | None]:
+    """Whether the compute could suspend, why in one sentence, and when it would."""
+    window = (end - start).total_seconds()
+    keeping = [f for f in findings if f.keeps_awake]
+    if idle.never_suspends:
+        return False, (f"the compute never suspends ({idle.source}): nothing to keep "
+                       "asleep"), None
+    if keeping:
+        return False, (f"keeps the compute awake: {len(keeping)} of {len(findings)} "
+                       f"session(s)/clients with a {fmt_seconds(idle.seconds)} "
+                       f"idle timeout ({idle.source}); longest quiet gap: "
+                       f"{quiet.words(start, end, idle.seconds).removeprefix('for ')}"), None
+    if window >= idle.seconds and quiet.capped < idle.seconds:
+        return False, (f"keeps the compute awake: activity from several sessions left no "
+                       f"quiet gap of {fmt_seconds(idle.seconds)} in {fmt_seconds(window)} "
+                       f"of sampling (longest {fmt_seconds(quiet.capped)})"), None
+    suspend_at = (last_activity or start) + timedelta(seconds=idle.seconds)
+    if quiet.gap >= idle.seconds:
+        return True, (f"could suspend: quiet {quiet.words(start, end, idle.seconds)}, "
+                      f"longer than the {fmt_seconds(idle.seconds)} idle timeout "
+                      f"({idle.source})"), suspend_at
+    return True, (f"could suspend: nothing keeps it awake; with no new activity it "
+                  f"suspends at about {suspend_at.isoformat(timespec='seconds')} "
+                  f"({fmt_seconds(idle.seconds)} idle timeout, {idle.source})"), suspend_at
 
 
 @dataclass(frozen=True)
@@ -309,7 +318,7 @@ def _judge_session(tr: _Track, at_end: bool, end: datetime, idle: IdleTimeout,
                                                          sorted(tr.activity)])
 
 
-def _judge_clients(tracks: dict[tuple[int, datetime | None], _Track], start: datetime,
+def _judge_clients(tracks: dict[_Key, _Track], start: datetime,
                    end: datetime, idle: IdleTimeout) -> list[ClientFinding]:
     groups: dict[tuple[Any, ...], list[_Track]] = defaultdict(list)
     for tr in tracks.values():
@@ -342,7 +351,7 @@ def _judge_clients(tracks: dict[tuple[int, datetime | None], _Track], start: dat
     return out
 
 
-def _judge_unseen(activity: Activity, tracks: dict[tuple[int, datetime | None], _Track],
+def _judge_unseen(activity: Activity, tracks: dict[_Key, _Track],
                   end: datetime, idle: IdleTimeout
                   ) -> tuple[list[UnseenFinding], set[datetime]]:
     """Connections the session counters saw and the samples did not, per database.

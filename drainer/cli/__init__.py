@@ -5,9 +5,10 @@ configuration error, 3 database unreachable, 4 schema missing or out of date, 5 
 timeout cancelled a statement, 6 the --max-runtime watchdog ended a run that hung, 7 some
 tenants of a fleet failed (``drainer fleet run-once`` / ``fleet migrate``).
 
-One module per group of commands (schema, jobs, run, wake, status, ui), each command with a
-``configure_<command>(subparsers)`` that adds its flags and ``set_defaults(func=...)``.
-This package is the only place that parses flags, prints, and turns errors into exit
+One module per group of commands (schema, enqueue, jobs, control, run, schedule, wake,
+status, ui, fleet), each command with a ``configure_<command>(subparsers)`` that adds its
+flags and ``set_defaults(func=...)``. This package is the only place that parses flags,
+prints (text tables and lines included: the library returns data), and turns errors into exit
 codes; the command functions import the library when they run, so a short command never
 loads APScheduler or the HTTP server.
 """
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from drainer._redact import redact
-from drainer.cli import fleet, jobs, run, schema, status, ui, wake
+from drainer.cli import control, enqueue, fleet, jobs, run, schedule, schema, status, ui, wake
 from drainer.cli._base import SCOPES as _SCOPES
 from drainer.cli._base import Parser, settings_from_args
 from drainer.errors import (
@@ -38,23 +39,23 @@ logger = logging.getLogger("drainer.cli")
 #: The commands in the order ``drainer --help`` lists them (the keys of _SCOPES).
 _CONFIGURE = (
     schema.configure_migrate,
-    jobs.configure_enqueue,
+    enqueue.configure_enqueue,
     status.configure_status,
     run.configure_run_once,
     run.configure_demo,
-    wake.configure_schedule,
+    schedule.configure_schedule,
     wake.configure_next_wake,
     wake.configure_serve,
     run.configure_worker,
     status.configure_audit,
     jobs.configure_jobs,
     jobs.configure_show,
-    jobs.configure_retry,
-    jobs.configure_cancel,
-    jobs.configure_purge,
-    jobs.configure_pause,
-    jobs.configure_resume,
-    jobs.configure_limit,
+    control.configure_retry,
+    control.configure_cancel,
+    control.configure_purge,
+    control.configure_pause,
+    control.configure_resume,
+    control.configure_limit,
     ui.configure_ui,
     fleet.configure_fleet,
 )

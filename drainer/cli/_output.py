@@ -1,11 +1,12 @@
-"""What the commands print, and the flag values they parse themselves (durations, ids)."""
+"""What the commands print (JSON, or text tables on a terminal), and the flag values they
+parse themselves (durations, ids)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Container, Sequence
 from typing import Any, TypeVar, overload
 
 from drainer.errors import ConfigError
@@ -40,6 +41,25 @@ def emit(obj: T, render: Callable[[T], str], *, as_json: bool) -> None:
     else:
         sys.stdout.write(render(obj) + "\n")
         sys.stdout.flush()
+
+
+def text_table(rows: Sequence[Sequence[str]], *, right: Container[int] = (),
+               caps: Sequence[int] | None = None) -> list[str]:
+    """``rows`` (the first is the header) as lines of columns two spaces apart.
+
+    Columns are left-aligned, those whose index is in ``right`` right-aligned; with
+    ``caps``, a cell longer than its column's cap is cut and ends with an ellipsis.
+    """
+    if not rows:
+        return []
+    cells = [list(r) for r in rows]
+    if caps is not None:
+        cells = [[c if len(c) <= cap else c[: cap - 1] + "…"
+                  for c, cap in zip(r, caps, strict=True)] for r in cells]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
+            for r in cells]
 
 
 @overload

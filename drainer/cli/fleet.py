@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import SCOPES, Command, Parser, add_settings_flags
-from drainer.cli._output import JSON_HELP, emit, print_json
+from drainer.cli._output import JSON_HELP, emit, print_json, text_table
 from drainer.errors import EXIT_OK, EXIT_TENANTS_FAILED, ConfigError
 
 if TYPE_CHECKING:
@@ -225,7 +225,7 @@ def run_once_command(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def status_command(args: argparse.Namespace, settings: Settings) -> int:
-    from drainer.fleet.status import fleet_status, render_status
+    from drainer.fleet.status import fleet_status
 
     conn, control = _control(settings)
     with conn:
@@ -233,6 +233,25 @@ def status_command(args: argparse.Namespace, settings: Settings) -> int:
         found = fleet_status(control, _listed(settings, conn))
     emit(found, render_status, as_json=args.json)
     return EXIT_OK
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """The status as a table for people."""
+    head = ("tenant", "next due", "last finished", "outcome", "fails", "schema", "leased")
+    rows = [head]
+    for t in status["tenants"]:
+        rows.append((t["tenant"],
+                     "now" if t["due_now"] else (t["next_due_at"] or "-"),
+                     t["last_finished_at"] or "never", t["outcome"] or "-",
+                     str(t["failures"]), str(t["schema_version"] or "-"),
+                     "yes" if t["leased_by"] else "-"))
+    rows += [(n, "now", "never (not in the control table)", "-", "0", "-", "-")
+             for n in status["never_seen"]]
+    lines = text_table(rows, right=(4, 5), caps=(40, 32, 32, 12, 5, 6, 6))
+    c = status["counts"]
+    lines.append(f"{c['tenants']} tenants: {c['due_now']} due now, {c['never_drained']} "
+                 f"never drained, {c['failing']} failing, {c['leased']} being drained")
+    return "\n".join(lines)
 
 
 def next_wake_command(args: argparse.Namespace, settings: Settings) -> int:

@@ -30,8 +30,8 @@ def configure_run_once(sub: Any) -> None:
 
 
 def run_once_command(args: argparse.Namespace, settings: Settings) -> int:
+    from drainer.cli._progress import progress_printer
     from drainer.drain import run_once
-    from drainer.progress import progress_printer
 
     progress = progress_printer()
     try:
@@ -71,12 +71,13 @@ def demo_command(args: argparse.Namespace, settings: Settings) -> int:
     from psycopg import sql
     from pydantic import SecretStr
 
+    from drainer.cli.status import render_status
     from drainer.db import connect
     from drainer.demo import demo_database, demo_jobs, demo_registry
     from drainer.drain import run_once
     from drainer.migrate import migrate
     from drainer.producer import enqueue_many
-    from drainer.status import collect_status, render_status
+    from drainer.status import collect_status
 
     if settings.database_url is None:
         _say("demo: no DRAINER_DATABASE_URL set, starting a throwaway embedded PostgreSQL ...")

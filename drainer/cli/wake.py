@@ -1,67 +1,25 @@
-"""Waking on a schedule or on demand: ``drainer schedule`` and ``drainer serve``.
-
-APScheduler (drainer/scheduler.py) and the HTTP server (drainer/serve.py) are imported
-only when these commands run.
-"""
+"""Waking on demand: ``drainer serve`` (POST /drain) and ``drainer next-wake`` (for
+platforms that take a one-shot schedule); the address flags serve and ``schedule
+--listen`` share. The HTTP server (drainer/serve.py) is imported only when serve runs."""
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
 import os
 import sys
 import threading
-from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import add_command
-from drainer.cli._output import print_json, seconds_arg
+from drainer.cli._output import print_json
 from drainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from drainer.drain.report import RunReport
-    from drainer.recurring import Definition
-    from drainer.scheduler import WakeSchedule
     from drainer.settings import Settings
-    from drainer.waking import AwakeEstimate, IdleTimeout
 
-# the commands' log lines carry the names of the modules they run
-schedule_log = logging.getLogger("drainer.scheduler")
-serve_log = logging.getLogger("drainer.serve")
-
-
-# -- schedule -------------------------------------------------------------------------------------
-
-
-def configure_schedule(sub: Any) -> None:
-    p = add_command(sub, "schedule", "Run the drain on an interval or cron schedule, no "
-                    "connection between runs.", schedule_command)
-    p.add_argument("--interval", metavar="SECONDS", help="Seconds between wakes (or 15m, 1h).")
-    p.add_argument("--jitter", metavar="SECONDS", help="Random delay added to each wake.")
-    p.add_argument("--cron", metavar="EXPR", help="Crontab expression 'm h dom mon dow' "
-                   "(0 and 7 are Sunday).")
-    p.add_argument("--allow-always-on", action="store_true",
-                   help="Accept an interval shorter than the idle timeout (keeps the "
-                   "compute awake).")
-    p.add_argument("--dry-run", action="store_true", help="Print the next five wakes and "
-                   "the awake estimate, then exit without connecting.")
-    p.add_argument("--pull-earlier", action="store_true",
-                   help="After a run, bring the next wake forward to the earliest retry "
-                   "waiting for its backoff, never sooner than the idle timeout after the "
-                   "run ended [default: off].")
-    p.add_argument("--timezone", metavar="TZ", help="IANA time zone of --cron and of the "
-                   "printed wake times [default: the system's].")
-    p.add_argument("--listen", metavar="HOST:PORT", help="Also take triggers: POST /drain "
-                   "on this address (as drainer serve: bearer DRAINER_TRIGGER_TOKEN, "
-                   "coalesced, GET /healthz never touches the database) runs a drain at once, "
-                   "never alongside a scheduled one; port 0 picks a free one.")
-    p.add_argument("--host", metavar="HOST", help="With --port, the same as --listen "
-                   "HOST:PORT (serve's form) [default: 127.0.0.1].")
-    p.add_argument("--port", type=port_number, metavar="PORT",
-                   help="Take triggers on this port (the same as --listen HOST:PORT).")
-    p.add_argument("--no-auth", action="store_true", help="With --listen: accept POST /drain "
-                   "without a bearer token (only behind something that authenticates).")
+# the command's log lines carry the name of the module it runs
+logger = logging.getLogger("drainer.serve")
 
 
 def port_number(text: str) -> int:
@@ -96,198 +54,6 @@ def listen_address(args: argparse.Namespace, default_host: str | None,
     port = args.port if args.port is not None else default_port
     assert port is not None
     return host, port
-
-
-def wake_schedule_from_args(args: argparse.Namespace) -> WakeSchedule:
-    from drainer.scheduler import WakeSchedule
-
-    tz: tzinfo | None = None
-    if args.timezone:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        try:
-            tz = ZoneInfo(args.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ConfigError(f"--timezone: unknown time zone {args.timezone!r}") from None
-    return WakeSchedule(interval=seconds_arg("--interval", args.interval), cron=args.cron,
-                        jitter=seconds_arg("--jitter", args.jitter) or 0.0, timezone=tz)
-
-
-def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
-    """Validate, print the awake estimate, run until SIGTERM/SIGINT."""
-    from drainer.scheduler import DRY_RUN_WAKES, run_schedule
-    from drainer.wake_schedule import check_schedule
-    from drainer.waking import estimate_interval, fmt_seconds, idle_timeout_of
-
-    wakes = wake_schedule_from_args(args)
-    idle = idle_timeout_of(settings)
-    policy = settings.wake_policy
-    max_runtime = check_schedule(wakes, idle, settings.max_runtime,
-                                 allow_always_on=args.allow_always_on, policy=policy,
-                                 max_sleep=settings.max_sleep)
-    listen = listen_address(args, None, None)
-    token: str | None = None
-    if listen is not None:
-        from drainer.serve import trigger_token
-
-        token = trigger_token(settings, args.no_auth)
-    elif args.no_auth:
-        raise ConfigError("--no-auth only goes with --listen")
-    definitions = _served_definitions(settings)
-    if policy == "known-work" and definitions:
-        from drainer.wake_schedule import known_work_estimate
-
-        estimate = known_work_estimate(definitions, [d.queue for d in definitions], idle,
-                                       settings.max_sleep, max_runtime, datetime.now(timezone.utc))
-    elif policy == "known-work":
-        estimate = estimate_interval(settings.max_sleep, 0.0, idle, max_runtime)
-    else:
-        estimate = wakes.estimate(idle, max_runtime)
-    if args.dry_run:
-        out = sys.stdout
-        out.write(f"schedule: {wakes.describe()}\n")
-        if policy == "known-work":
-            out.write(f"wake policy: known-work (ticks check without connecting; a tick "
-                      f"wakes after a trigger, with due work left, for a retry come due "
-                      f"but not sooner than {fmt_seconds(idle.seconds)} after the last run, "
-                      f"or {fmt_seconds(settings.max_sleep)} after the last run "
-                      f"(--max-sleep))\n")
-            out.write(f"next {DRY_RUN_WAKES} ticks (the first drains in full; with no "
-                      "work, later ones skip):\n")
-        else:
-            out.write("wake policy: always (every tick drains)\n")
-            out.write(f"next {DRY_RUN_WAKES} wakes:\n")
-        for when in wakes.next_wakes(DRY_RUN_WAKES):
-            out.write(f"  {when.isoformat()}\n")
-        if listen is not None:
-            out.write(f"triggers: POST http://{listen[0]}:{listen[1]}/drain drains at once\n")
-        for line in _describe_recurring(definitions, policy, idle):
-            out.write(line + "\n")
-        out.write(f"max runtime of a run: {fmt_seconds(max_runtime)}\n")
-        out.write(_describe_estimate(estimate, policy, idle, listen is not None,
-                                     recurring=bool(definitions)) + "\n")
-        return 0
-
-    from drainer._signals import stop_on_signals
-    from drainer.drain import resolve_queues
-    from drainer.registry import default_registry
-
-    resolve_queues(settings, default_registry)  # fail now, not at the first wake
-    if idle.assumed:
-        schedule_log.warning("idle timeout unknown: assuming %s (%s)",
-                             fmt_seconds(idle.seconds), idle.source)
-    if (policy == "always" and not idle.never_suspends
-            and wakes.min_gap() <= idle.seconds + max_runtime):
-        schedule_log.warning("a run that uses its full max runtime (%s) leaves less than the "
-                             "idle timeout before the next wake: such wakes keep the compute "
-                             "up until the next one", fmt_seconds(max_runtime))
-    schedule_log.info(_describe_estimate(estimate, policy, idle, listen is not None,
-                                         recurring=bool(definitions)),
-                      extra={"awake_estimate": estimate.as_dict(), "wake_policy": policy})
-    run_settings = settings.model_copy(update={"max_runtime": max_runtime})
-    _share_log_handlers()
-
-    stop = threading.Event()
-
-    def stopping(name: str) -> None:
-        schedule_log.info("received %s: no new runs; a run in progress releases unstarted "
-                          "jobs and gives running ones the %s grace period", name,
-                          fmt_seconds(settings.grace))
-
-    def exit_now(name: str) -> None:
-        sys.stderr.write(f"drainer schedule: second {name}: exiting now; running jobs "
-                         "are left to their lease\n")
-        os._exit(1)
-
-    with stop_on_signals(stop, stopping, exit_now):
-        runs = run_schedule(run_settings, wakes, stop=stop, idle=idle,
-                            pull_earlier=args.pull_earlier, on_report=_print_report,
-                            policy=policy, max_sleep=settings.max_sleep, listen=listen,
-                            token=token)
-    schedule_log.info("stopped after %d run(s)", runs)
-    return 0
-
-
-def _served_definitions(settings: Settings) -> list[Definition]:
-    """The recurring definitions of the queues this schedule serves (loads the app)."""
-    from drainer.drain import resolve_queues
-    from drainer.recurring import served
-    from drainer.registry import default_registry
-
-    if not settings.app and not default_registry.tasks:
-        return []
-    queues = resolve_queues(settings, default_registry)
-    return served(default_registry.schedules.values(), queues)
-
-
-def _describe_recurring(definitions: list[Definition], policy: str, idle: IdleTimeout
-                        ) -> list[str]:
-    """The dry run's lines on recurring definitions: each, and the wakes they cause."""
-    from drainer.recurring import occurrence_times
-    from drainer.waking import fmt_seconds
-
-    if not definitions:
-        return []
-    lines = [f"recurring definitions ({len(definitions)}):"]
-    now = datetime.now(timezone.utc)
-    for d in definitions:
-        lines.append(f"  {d.describe()}, catch-up {d.catch_up}")
-        fires = occurrence_times([d], [d.queue], now, now + timedelta(days=7), limit=2000)
-        gap = min((b - a for a, b in itertools.pairwise(fires)), default=None)
-        if (policy == "known-work" and gap is not None and not idle.never_suspends
-                and gap <= idle.seconds):
-            lines.append(f"    fires as often as every {fmt_seconds(gap)}, not longer than the "
-                         f"{fmt_seconds(idle.seconds)} idle timeout: the compute will not "
-                         "suspend between its occurrences")
-    if policy == "known-work":
-        firsts = occurrence_times(definitions, [d.queue for d in definitions], now,
-                                  now + timedelta(days=366), limit=DRY_RUN_OCCURRENCES)
-        lines.append(f"next {len(firsts)} wakes for their occurrences (known-work wakes "
-                     "for each, and for nothing else when there is no other work):")
-        lines.extend(f"  {datetime.fromtimestamp(t, timezone.utc).isoformat()}" for t in firsts)
-    else:
-        lines.append("  (wake policy always: an occurrence runs at the first tick after its "
-                     "fire time; it adds no wakes)")
-    return lines
-
-
-#: --dry-run lists this many wakes for recurring occurrences.
-DRY_RUN_OCCURRENCES = 5
-
-
-def _describe_estimate(estimate: AwakeEstimate, policy: str, idle: IdleTimeout,
-                       listening: bool, *, recurring: bool = False) -> str:
-    """The estimate's line; with known-work, what it counts (the safety net and the
-    recurring occurrences) and what not."""
-    from drainer.waking import fmt_seconds
-
-    if policy != "known-work" or idle.never_suspends:
-        return estimate.describe()
-    what = ("with no other work: the recurring occurrences and the --max-sleep safety net "
-            "in longer gaps" if recurring else "with no work: the --max-sleep safety net only")
-    trig = ("each triggered drain adds its drain time to the wake its producer already "
-            "caused; " if listening else "")
-    return (estimate.describe().replace("awake estimate:", "awake estimate (known-work, "
-                                        f"{what}):", 1)
-            + f"; {trig}each group of due retries or left work adds about drain time + "
-            f"{fmt_seconds(idle.seconds)}")
-
-
-def _print_report(report: RunReport) -> None:
-    from drainer.cli.run import log_where_to_look
-
-    log_where_to_look(report.run_id)
-    print_json(report.as_dict())
-
-
-def _share_log_handlers() -> None:
-    """APScheduler's warnings (a wake skipped because a run is still going) in our format."""
-    ours = logging.getLogger("drainer")
-    aps = logging.getLogger("apscheduler")
-    aps.setLevel(logging.WARNING)
-    aps.propagate = False
-    for h in ours.handlers:
-        aps.addHandler(h)
 
 
 # -- next-wake ------------------------------------------------------------------------------------
@@ -355,14 +121,14 @@ def serve_command(args: argparse.Namespace, settings: Settings) -> int:
     stop_requested = threading.Event()
 
     def stopping(name: str) -> None:
-        serve_log.info("received %s: no new drains; the running one finishes or releases "
+        logger.info("received %s: no new drains; the running one finishes or releases "
                        "its jobs", name)
 
     with stop_on_signals(stop_requested, stopping):
         started = serve_until(server, stop_requested, grace=settings.grace,
                               note=f"queues: {', '.join(queues)}; no database connection "
                               "until a drain is requested")
-    serve_log.info("stopped after %d drain(s)", started)
+    logger.info("stopped after %d drain(s)", started)
     return 0
 
 

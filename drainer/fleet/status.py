@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from drainer._text import text_table
 from drainer.recurring import iso_utc
 
 if TYPE_CHECKING:
@@ -45,25 +44,6 @@ def fleet_status(control: Control, names: Sequence[str] | None = None) -> dict[s
                    + len(missing),
                    "failing": sum(t["failures"] > 0 for t in tenants),
                    "leased": sum(t["leased_by"] is not None for t in tenants)}}
-
-
-def render_status(status: dict[str, Any]) -> str:
-    """The status as a table for people."""
-    head = ("tenant", "next due", "last finished", "outcome", "fails", "schema", "leased")
-    rows = [head]
-    for t in status["tenants"]:
-        rows.append((t["tenant"],
-                     "now" if t["due_now"] else (t["next_due_at"] or "-"),
-                     t["last_finished_at"] or "never", t["outcome"] or "-",
-                     str(t["failures"]), str(t["schema_version"] or "-"),
-                     "yes" if t["leased_by"] else "-"))
-    rows += [(n, "now", "never (not in the control table)", "-", "0", "-", "-")
-             for n in status["never_seen"]]
-    lines = text_table(rows, right=(4, 5), caps=(40, 32, 32, 12, 5, 6, 6))
-    c = status["counts"]
-    lines.append(f"{c['tenants']} tenants: {c['due_now']} due now, {c['never_drained']} "
-                 f"never drained, {c['failing']} failing, {c['leased']} being drained")
-    return "\n".join(lines)
 
 
 @dataclass

@@ -15,9 +15,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from drainer.audit import SessionFilter, audit, format_table
+from drainer.audit import SessionFilter, audit
+from drainer.cli.status import render_audit
 from drainer.waking import IdleTimeout
-from tests.conftest import cli_env, finish, make_settings
+from tests.conftest import cli_env, finish, make_settings, run_cli
 
 IDLE = IdleTimeout(3.0, "--idle-timeout")
 
@@ -137,7 +138,7 @@ def test_audit_names_what_keeps_the_compute_awake(pg_url: str, schema: str,
 
     assert result.longest_quiet_gap_s < IDLE.seconds
     assert len(result.keeping_awake) == 3
-    table = format_table(result)
+    table = render_audit(result)
     assert "polls about every" in table and "idle in transaction" in table
     assert "reconnects about every" in table
 
@@ -258,3 +259,18 @@ def test_cli_only_pid_and_user(pg_url: str, sessions: Sessions) -> None:
     bad = run_audit_cli(pg_url, "--only-pid", "abc")
     _, _, err = finish(bad, 30)
     assert bad.returncode == 2 and "--only-pid" in err
+
+
+def test_audit_prints_json_when_piped_and_writes_the_html_page(pg_url: str,
+                                                               tmp_path: Any) -> None:
+    page = tmp_path / "audit.html"
+    p = run_cli(["audit", "--duration", "1", "--idle-timeout", "300", "--only-user",
+                 "nobody_in_particular", "--html", str(page)], pg_url=pg_url, schema=None)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)  # piped: JSON, as status and jobs
+    assert out["could_suspend"] is True and "sessions" in out
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>") and "<svg" in text and "<script" not in text
+    p = run_cli(["audit", "--duration", "1", "--html", str(tmp_path / "no" / "x.html"),
+                 "--only-user", "nobody_in_particular"], pg_url=pg_url, schema=None)
+    assert p.returncode == 2 and "--html: cannot write" in p.stderr

@@ -1,4 +1,4 @@
-"""Job control (issue 17) on a real PostgreSQL: snooze, retry policy, discard, results,
+"""Job control on a real PostgreSQL: snooze, retry policy, discard, results,
 follow-ups in the same drain, pause/resume."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from psycopg import sql
 
 import drainer
 from drainer import Job, run_once
+from drainer.cli.status import render_status
 from drainer.db import Queries
 from drainer.ops import get_job, list_jobs, pause, resume
 from drainer.producer import enqueue
 from drainer.registry import Registry
 from drainer.settings import Settings
-from drainer.status import collect_status, render_status
+from drainer.status import collect_status
 
 
 def jobs_table(s: Settings) -> sql.Identifier:
@@ -183,7 +184,7 @@ def test_results_are_kept_shown_and_archived(migrated: Settings, registry: Regis
     assert row(conn, migrated, job_id)["result"] == {"sum": 6, "name": "ü"}
     assert get_job(migrated, job_id)["result"] == {"sum": 6, "name": "ü"}
     assert list_jobs(migrated)[0]["result"] == {"sum": 6, "name": "ü"}
-    from drainer.ops import render_job
+    from drainer.cli.jobs import render_job
 
     assert '"sum": 6' in render_job(get_job(migrated, job_id))
     # archived with its result (move mode)
@@ -427,7 +428,7 @@ def test_pause_resume_and_show_from_the_command_line(migrated: Settings, pg_url:
     out = run_cli(["resume", "sms"], pg_url=pg_url, schema=migrated.schema_name)
     assert out.returncode == 0 and json.loads(out.stdout) == {"resumed": ["sms"],
                                                               "not_paused": []}
-    from drainer.ops import render_counts
+    from drainer.cli.control import render_counts
 
     assert "resumed: sms" in render_counts(json.loads(out.stdout))
     assert run_cli(["pause"], pg_url=pg_url, schema=migrated.schema_name).returncode == 2

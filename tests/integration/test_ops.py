@@ -11,22 +11,15 @@ import pytest
 from psycopg import sql
 
 from drainer import Job, run_once
+from drainer.cli.control import render_counts
+from drainer.cli.jobs import render_job, render_jobs
+from drainer.cli.status import render_status
 from drainer.errors import ConfigError
-from drainer.ops import (
-    JobNotFound,
-    cancel_jobs,
-    get_job,
-    list_jobs,
-    purge_jobs,
-    render_counts,
-    render_job,
-    render_jobs,
-    retry_jobs,
-)
+from drainer.ops import JobNotFound, cancel_jobs, get_job, list_jobs, purge_jobs, retry_jobs
 from drainer.producer import JobSpec, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings
-from drainer.status import collect_status, render_status
+from drainer.status import collect_status
 from tests.conftest import make_settings
 
 Conn = psycopg.Connection[Any]

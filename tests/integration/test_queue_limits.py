@@ -1,4 +1,4 @@
-"""Per-queue limits (issue 17): where max_running and rate_limit come from (operator row,
+"""Per-queue limits: where max_running and rate_limit come from (operator row,
 setting, task: in that order), the rate limit's window on a real PostgreSQL, and the
 next slot as the queue's due time (the drain exits; the report says when)."""
 
@@ -18,14 +18,16 @@ import pytest
 from psycopg import sql
 
 from drainer import Job, run_once
+from drainer.cli.control import render_limits
+from drainer.cli.status import render_status
 from drainer.db import Queries
 from drainer.errors import ConfigError
-from drainer.ops import limit, render_limits
+from drainer.ops import limit
 from drainer.producer import JobSpec, enqueue_many
 from drainer.queue_limits import Rate
 from drainer.registry import Registry
 from drainer.settings import Settings
-from drainer.status import collect_status, render_status
+from drainer.status import collect_status
 from tests.conftest import ROOT, cli_env, make_settings
 
 
@@ -343,7 +345,8 @@ def test_limit_from_the_command_line(migrated: Settings, pg_url: str) -> None:
 
 def test_show_says_until_when_the_rate_holds_a_queued_job(
         migrated: Settings, conn: psycopg.Connection[Any]) -> None:
-    from drainer.ops import get_job, render_job
+    from drainer.cli.jobs import render_job
+    from drainer.ops import get_job
 
     enqueue_n(conn, migrated, "r", 2)
     q = queries(migrated, conn)

@@ -243,8 +243,9 @@ def test_the_sync_reads_only_the_occurrences_index(
 
 def test_status_lists_series_with_next_fire_time_and_last_outcome(
         q: db.Queries, conn: psycopg.Connection[Any], migrated: Settings) -> None:
+    from drainer.cli.status import render_status
     from drainer.registry import Registry
-    from drainer.status import collect_status, render_status
+    from drainer.status import collect_status
 
     reg = Registry()
     reg.task("digest", cron="0 8 * * *", timezone="Europe/Berlin")(lambda job: None)

@@ -6,7 +6,8 @@ import math
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
-from drainer.audit import Activity, Sample, SessionFilter, SessionRow, format_table, judge
+from drainer.audit import Activity, Sample, SessionFilter, SessionRow, judge
+from drainer.cli.status import render_audit
 from drainer.waking import IdleTimeout, covered_seconds
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
@@ -48,7 +49,7 @@ def test_an_idle_session_lets_the_compute_suspend() -> None:
                                 "11:00:00 before it: 60.1 min), longer than the 3.0 s"), \
         r.verdict
     assert "longest quiet gap: 60.1 min (from 2026-11-30T11:00:00+00:00, before the " \
-        "window)" in format_table(r)
+        "window)" in render_audit(r)
     # shorter than the idle timeout, the window alone cannot say it: the quiet before it
     r = judge(activity({t: [row(1)] for t in ticks()}), IdleTimeout(300.0, "--idle-timeout"))
     assert r.could_suspend and "quiet for the whole 6.0 s window (and since 11:00:00 " \
@@ -131,7 +132,7 @@ def test_reconnecting_clients_show_up() -> None:
     assert c.keeps_awake and c.reason.startswith("reconnects about every 1.5 s")
     assert c.new_connections == 4 and len(c.pids) == 4
     assert not r.could_suspend
-    table = format_table(r)
+    table = render_audit(r)
     assert "4 pids" in table and "(reconnecting)" in table
 
 
@@ -214,7 +215,7 @@ def test_connections_between_samples_are_counted() -> None:
         "every 2.0 s"
     assert u.counted_at[0] == at(0.5).isoformat()  # the sample after it
     assert not r.could_suspend
-    assert "(unseen)" in format_table(r)
+    assert "(unseen)" in render_audit(r)
     # with a 1 s idle timeout the same client lets the compute suspend between connections
     r1 = judge(act, IdleTimeout(1.0, "--idle-timeout"))
     assert r1.could_suspend and not r1.unseen_connections[0].keeps_awake

@@ -16,9 +16,16 @@ from typing import Any
 import pytest
 
 from drainer._signals import stop_on_signals
-from drainer._text import iso, text_table
+from drainer._text import iso
 from drainer.cli import _SCOPES, build_parser, main
-from drainer.cli._output import emit, positive_int, print_json, seconds_arg, wants_json
+from drainer.cli._output import (
+    emit,
+    positive_int,
+    print_json,
+    seconds_arg,
+    text_table,
+    wants_json,
+)
 from drainer.errors import ConfigError
 from drainer.settings import Settings, flag_of
 

@@ -8,13 +8,9 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from drainer.errors import ConfigError
-from drainer.scheduler import (
-    DEFAULT_MAX_RUNTIME_CAP_S,
-    WakeSchedule,
-    check_schedule,
-)
-from drainer.wake_schedule import known_work_wakes
-from drainer.waking import IdleTimeout
+from drainer.scheduler import WakeSchedule
+from drainer.wake_schedule import check_schedule, known_work_wakes
+from drainer.waking import DEFAULT_MAX_RUNTIME_CAP_S, IdleTimeout
 
 UTC = timezone.utc
 # A Wednesday.

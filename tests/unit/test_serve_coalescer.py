@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from drainer.serve import Closed, Coalescer
+from drainer._http import Closed
+from drainer.serve import Coalescer
 
 
 class _Gate:

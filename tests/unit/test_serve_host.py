@@ -1,4 +1,4 @@
-"""serve.HttpHost / serve_until without a database: the shutdown order serve and
+"""HttpHost and serve_until without a database: the shutdown order serve and
 schedule --listen share (stop accepting, no new drains, wait for the running one)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import urllib.request
 from types import SimpleNamespace
 from typing import Any
 
-from drainer.serve import HttpHost, make_server, serve_until
+from drainer._http import HttpHost
+from drainer.serve import make_server, serve_until
 
 
 def post(port: int, path: str = "/drain") -> tuple[int, dict[str, Any]]:

@@ -1,7 +1,7 @@
-"""serve's defences against slow and idle connections (issue 20 item 7): a deadline on
-the request headers, and a cap on open connections so 300 slow unauthenticated clients do
-not hold 300 threads; at the cap a new connection takes the slot of the one waiting
-longest for its headers, so a flood of them cannot lock out health checks (issue 19)."""
+"""serve's defences against slow and idle connections: a deadline on the request headers,
+and a cap on open connections so 300 slow unauthenticated clients do not hold 300
+threads; at the cap a new connection takes the slot of the one waiting longest for its
+headers, so a flood of them cannot lock out health checks."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from drainer import _http, serve
-from drainer.serve import HttpHost, make_server
+from drainer import _http
+from drainer._http import HttpHost
+from drainer.serve import make_server
 
 
 def _server(monkeypatch: pytest.MonkeyPatch, deadline: float) -> Any:
@@ -56,9 +57,9 @@ def test_300_slow_connections_do_not_hold_300_threads(monkeypatch: pytest.Monkey
                 _trickle(socks)
                 peak = max(peak, threading.active_count())
                 time.sleep(0.25)
-            assert peak - before <= serve.MAX_CONNECTIONS + 2, (before, peak)
+            assert peak - before <= _http.MAX_CONNECTIONS + 2, (before, peak)
             # beyond the cap each one took the place of an older slow one
-            assert server.refused + server.evicted >= 300 - serve.MAX_CONNECTIONS - 2
+            assert server.refused + server.evicted >= 300 - _http.MAX_CONNECTIONS - 2
             # past the header deadline, the slow ones are cut off and their threads end
             until = time.monotonic() + 15
             while time.monotonic() < until and threading.active_count() > before + 2:
@@ -112,21 +113,21 @@ def test_100_slow_connections_do_not_lock_out_health_checks(monkeypatch: pytest.
                 s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
                 socks.append(s)
             time.sleep(0.2)  # every slot is held by a slow one
-            assert threading.active_count() - before <= serve.MAX_CONNECTIONS + 1
+            assert threading.active_count() - before <= _http.MAX_CONNECTIONS + 1
             for _ in range(3):  # while the flood is held, each check answers at once
                 started = time.monotonic()
                 assert _healthz(port, timeout=1.0) == 200
                 assert time.monotonic() - started < 1.0
                 peak = threading.active_count()
-                assert peak - before <= serve.MAX_CONNECTIONS + 1, (before, peak)
-            assert server.evicted >= 100 - serve.MAX_CONNECTIONS and server.refused == 0
+                assert peak - before <= _http.MAX_CONNECTIONS + 1, (before, peak)
+            assert server.evicted >= 100 - _http.MAX_CONNECTIONS and server.refused == 0
             # the evicted ones were told why, then closed
             told = 0
-            for s in socks[:100 - serve.MAX_CONNECTIONS]:
+            for s in socks[:100 - _http.MAX_CONNECTIONS]:
                 s.settimeout(1.0)
                 answer = s.recv(4096)
                 told += answer.startswith(b"HTTP/1.1 503")
-            assert told == 100 - serve.MAX_CONNECTIONS
+            assert told == 100 - _http.MAX_CONNECTIONS
         finally:
             for s in socks:
                 s.close()

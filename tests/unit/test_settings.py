@@ -112,6 +112,22 @@ def test_redact() -> None:
     assert redact("bad Tok3nValue here") == "bad *** here"
 
 
+def test_a_short_secret_is_masked_only_where_it_stands_alone() -> None:
+    from drainer import _redact
+
+    saved = set(_redact._secrets)
+    try:
+        _redact.remember_secret("x")
+        _redact.remember_secret("e")
+        assert _redact.redact("--listen: expected HOST:PORT") == "--listen: expected HOST:PORT"
+        assert _redact.redact("Bearer x") == "Bearer ***"
+        _redact.remember_secret("a-long-secret-token")
+        assert _redact.redact("tokena-long-secret-tokenz") == "token***z"
+    finally:
+        _redact._secrets.clear()
+        _redact._secrets.update(saved)
+
+
 @pytest.mark.parametrize("driver", ["psycopg", "asyncpg", "psycopg2", "PSYCOPG"])
 def test_sqlalchemy_urls_are_read_as_plain_urls(driver: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,3 +143,12 @@ def test_other_connection_strings_are_unchanged() -> None:
     for dsn in ("postgresql://h/db", "postgres://h/db", "host=h dbname=postgresql+x://",
                 "postgresql+psycopg:/not-a-url"):
         assert load_settings(database_url=dsn).dsn == dsn
+
+
+def test_the_log_level_variable_takes_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    from drainer.settings import load_settings
+
+    monkeypatch.setenv("DRAINER_LOG_LEVEL", "debug")
+    assert load_settings().log_level == "DEBUG"
+    monkeypatch.setenv("DRAINER_LOG_LEVEL", "Warning")
+    assert load_settings().log_level == "WARNING"

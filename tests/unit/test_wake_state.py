@@ -8,8 +8,9 @@ import pytest
 
 from drainer.drain import RunReport
 from drainer.errors import ConfigError
-from drainer.scheduler import WakeSchedule, WakeState, check_schedule
-from drainer.waking import IdleTimeout
+from drainer.scheduler import WakeSchedule
+from drainer.wake_schedule import check_schedule
+from drainer.waking import IdleTimeout, WakeState
 
 T0 = 1_800_000_000.0
 
