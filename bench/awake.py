@@ -46,6 +46,11 @@ plain-SQL insert, and a recurring definition (``*/2 * * * *``) beside them
 max(run_at, created_at)``: median / p95 / max) and of the retries, and the table's head
 the least possible awake time (bench/awake_suspend.py). ``--workload long``: 10 jobs whose
 handlers wait 60 s without touching the database, run at once (``--concurrency 10``).
+
+``procrastinate``, ``pgqueuer`` (not in the default list; ``--only``): the peers' always-on
+workers (bench/peer_awake.py, in bench/.peers-venv, installed on first use), each in a
+database of its own, fed by the same producers with plain inserts (their own triggers
+notify them), through the simulator too; they have no recurring definition.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
+from bench import awake_peers
 from bench.awake_suspend import (
     HARD_CRON,
     HARD_WORKLOAD,
@@ -234,7 +240,8 @@ def prepare(url: str, worker: bool) -> None:
             install_notify_trigger(conn, SCHEMA, "jobs")
 
 
-def produce(url: str, trigger_url: str, burst: Burst, window: float) -> None:
+def produce(url: str, trigger_url: str, burst: Burst, window: float,
+            peer: str | None = None) -> None:
     """A short-lived producer: connect, one transaction, commit, (fire the trigger,) close.
     The first ``burst.failing`` jobs say ``fail`` (the handler fails them once), the last
     ``burst.delayed`` run ``burst.delay`` x window later; each payload says when it is due."""
@@ -251,7 +258,9 @@ def produce(url: str, trigger_url: str, burst: Burst, window: float) -> None:
     now_jobs, later_jobs = payloads[:delayed_from], payloads[delayed_from:]
     run_at = datetime.fromtimestamp(later, timezone.utc)
     with psycopg.connect(url, autocommit=True, application_name=PRODUCER) as conn:
-        if burst.triggered:
+        if peer is not None:
+            awake_peers.insert(conn, peer, payloads)
+        elif burst.triggered:
             with transaction(conn, settings, timeout=1.0) as tx:
                 if now_jobs:
                     tx.enqueue_many(now_jobs, queue=QUEUE)
@@ -269,6 +278,54 @@ APPS = {"bursts": "bench.noop_app", "recurring": "bench.recurring_app",
         "retry": "bench.retry_app", "hard": "bench.hard_app", "long": "bench.hard_app"}
 
 
+@dataclass
+class Outcomes:
+    """What a contender did with the workload, read after its window."""
+
+    jobs: int
+    done: int
+    triggered_s: list[float]  # finished_at - created_at, triggered jobs done
+    untriggered_s: list[float]
+    after_due_s: list[float]  # finished_at - max(run_at, created_at), every job done
+    retried: list[tuple[float, float]]  # (due, latency after due) of the retries done
+    finished: list[float]  # when each job (or handler call) finished, time.time()
+    occurrences: int = 0
+    running_left: int = 0
+
+
+def drainer_outcomes(url: str, start: float, end: float, running_left: int) -> Outcomes:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(sql.SQL(
+            "SELECT (payload->>'triggered')::bool, status, "
+            "extract(epoch FROM finished_at - created_at), "
+            "extract(epoch FROM finished_at - greatest(run_at, created_at)), attempts, "
+            "extract(epoch FROM finished_at), extract(epoch FROM run_at) FROM {} "
+            "WHERE recurring_key IS NULL").format(sql.Identifier(SCHEMA, "jobs"))).fetchall()
+        occurrences = conn.execute(sql.SQL(
+            "SELECT extract(epoch FROM finished_at - greatest(run_at, created_at)), "
+            "extract(epoch FROM finished_at) FROM {} "
+            "WHERE recurring_key IS NOT NULL AND status = 'done' "
+            "AND finished_at BETWEEN to_timestamp(%s) AND to_timestamp(%s)").format(
+            sql.Identifier(SCHEMA, "jobs")), [start, end]).fetchall()
+    done = [r for r in rows if r[1] == "done"]
+    return Outcomes(
+        jobs=len(rows), done=len(done),
+        triggered_s=[float(r[2]) for r in done if r[0]],
+        untriggered_s=[float(r[2]) for r in done if not r[0]],
+        after_due_s=[float(r[3]) for r in done] + [float(o[0]) for o in occurrences],
+        # run_at is the retry's due time once the first attempt failed
+        retried=[(float(r[6]), float(r[3])) for r in done if int(r[4]) > 1],
+        finished=[float(r[5]) for r in done] + [float(o[1]) for o in occurrences],
+        occurrences=len(occurrences), running_left=running_left)
+
+
+def peer_outcomes(attempt_log: Path, bursts: tuple[Burst, ...], retry_wait: float) -> Outcomes:
+    done, after_due, retried, finished = awake_peers.outcomes(attempt_log, retry_wait)
+    return Outcomes(jobs=sum(b.jobs for b in bursts), done=done, triggered_s=[],
+                    untriggered_s=[], after_due_s=after_due, retried=retried,
+                    finished=finished)
+
+
 def run_contender(contender: str, server: str, database: str, *, window: float, idle: float,
                   warmup: float, workload: str = "bursts", retry_wait: float = 5.0,
                   linger: float = 10.0, cold_start: float | None = COLD_START_S,
@@ -276,7 +333,14 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
     """One contender's window; through a suspend simulator unless ``cold_start`` is None."""
     dbname = f"{database}_{contender.replace('-', '_')}"
     url = ensure_database(server, dbname)
-    prepare(url, worker=contender == "worker")
+    if contender in awake_peers.PEERS:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(dbname)))
+        url = ensure_database(server, dbname)
+        awake_peers.install(contender, url)
+    else:
+        prepare(url, worker=contender == "worker")
     sim: SuspendSimulator | None = None
     run_url = url
     if cold_start is not None:
@@ -300,7 +364,8 @@ def _window(contender: str, server: str, dbname: str, url: str, run_url: str,
     """The contender's window: ``run_url`` is what its drainer and producers connect to,
     ``url`` its database directly (setup and results), ``server`` the sampler's."""
     port = free_port()
-    args = command_of(contender, idle, window, port, workload)
+    peer = contender in awake_peers.PEERS
+    args = None if peer else command_of(contender, idle, window, port, workload)
     attempt_log = Path(tempfile.mkdtemp(prefix="bench-awake-")) / "attempts.log"
     env = {**{k: v for k, v in os.environ.items()
               if not k.startswith("DRAINER_") and k != "DATABASE_URL"},
@@ -319,9 +384,11 @@ def _window(contender: str, server: str, dbname: str, url: str, run_url: str,
     drains: list[tuple[float, float]] = []  # (when, connected_s) of each run report
     stderr_tail: list[str] = []
     failures: list[float] = []  # when a run failed or lost its connection
-    if args is not None:
-        proc = subprocess.Popen([sys.executable, "-m", "drainer", *args], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = awake_peers.command(contender, run_url) if peer else \
+        None if args is None else [sys.executable, "-m", "drainer", *args]
+    if argv is not None:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
 
         def read_out() -> None:
             assert proc is not None and proc.stdout is not None
@@ -343,7 +410,9 @@ def _window(contender: str, server: str, dbname: str, url: str, run_url: str,
 
         threading.Thread(target=read_out, daemon=True).start()
         threading.Thread(target=read_err, daemon=True).start()
-    log(f"{contender}: {'drainer ' + ' '.join(args) if args else 'no drainer'} on {dbname}"
+    what = (f"{contender} worker" if peer else "drainer " + " ".join(args) if args
+            else "no drainer")
+    log(f"{contender}: {what} on {dbname}"
         f"{' through the suspend simulator' if sim else ''}; warm-up {warmup:g} s, window "
         f"{window:g} s")
     time.sleep(warmup)
@@ -368,7 +437,8 @@ def _window(contender: str, server: str, dbname: str, url: str, run_url: str,
         delay = start + burst.at * window - time.time()
         if delay > 0:
             time.sleep(delay)
-        t = threading.Thread(target=produce, args=(run_url, trigger_url, burst, window))
+        t = threading.Thread(target=produce, args=(run_url, trigger_url, burst, window,
+                                                   contender if peer else None))
         t.start()
         producers.append(t)
     for t in producers:
@@ -377,9 +447,13 @@ def _window(contender: str, server: str, dbname: str, url: str, run_url: str,
     end = time.time()
     result = judge(box["activity"], IdleTimeout(idle, "--idle-timeout"))
     AUDITS[contender] = result
-    with psycopg.connect(url, autocommit=True) as conn:
-        running_left = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'running'")
-                                    .format(sql.Identifier(SCHEMA, "jobs"))).fetchone()
+    running_left = 0
+    if not peer:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'running'")
+                               .format(sql.Identifier(SCHEMA, "jobs"))).fetchone()
+            running_left = int(row[0]) if row else 0
+    exited = None if proc is None else proc.poll()
     if proc is not None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -387,36 +461,22 @@ def _window(contender: str, server: str, dbname: str, url: str, run_url: str,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(sql.SQL(
-            "SELECT (payload->>'triggered')::bool, status, "
-            "extract(epoch FROM finished_at - created_at), "
-            "extract(epoch FROM finished_at - greatest(run_at, created_at)), attempts, "
-            "extract(epoch FROM finished_at), extract(epoch FROM run_at) FROM {} "
-            "WHERE recurring_key IS NULL").format(sql.Identifier(SCHEMA, "jobs"))).fetchall()
-        occurrences = conn.execute(sql.SQL(
-            "SELECT extract(epoch FROM finished_at - greatest(run_at, created_at)), "
-            "extract(epoch FROM finished_at) FROM {} "
-            "WHERE recurring_key IS NOT NULL AND status = 'done' "
-            "AND finished_at BETWEEN to_timestamp(%s) AND to_timestamp(%s)").format(
-            sql.Identifier(SCHEMA, "jobs")), [start, end]).fetchall()
-    trig = [float(r[2]) for r in rows if r[0] and r[1] == "done"]
-    untrig = [float(r[2]) for r in rows if not r[0] and r[1] == "done"]
-    after_due = [float(r[3]) for r in rows if r[1] == "done"] + [float(o[0])
-                                                                for o in occurrences]
-    # (due, latency) of the retries: run_at is the retry's due time once it failed
-    retried = [(float(r[6]), float(r[3])) for r in rows if r[1] == "done" and int(r[4]) > 1]
-    finished = [float(r[5]) for r in rows if r[5] is not None] + [float(o[1])
-                                                                  for o in occurrences]
+    got = (peer_outcomes(attempt_log, bursts, retry_wait) if peer
+           else drainer_outcomes(url, start, end, running_left))
+    trig, untrig, retried = got.triggered_s, got.untriggered_s, got.retried
     notes: list[str] = []
+    if exited is not None:
+        last = next((line.strip() for line in reversed(stderr_tail) if line.strip()), "")
+        notes.append(f"exited during the window (code {exited}): {last[-200:]}")
     if result.counters != "on":
         notes.append(f"session counters {result.counters}")
     out = Result(
         contender=contender,
-        command="(producers only)" if args is None else "drainer " + " ".join(
+        command=f"{contender} worker (bench/peer_awake.py)" if peer else
+        "(producers only)" if args is None else "drainer " + " ".join(
             a if not a.startswith("127.0.0.1:") else "127.0.0.1:PORT" for a in args),
         database=dbname, window_s=round(result.duration_s, 1), awake_s=round(result.awake_s, 1),
-        samples=result.samples, jobs=len(rows), done=sum(1 for r in rows if r[1] == "done"),
+        samples=result.samples, jobs=got.jobs, done=got.done,
         triggered_median_s=round(statistics.median(trig), 2) if trig else None,
         triggered_max_s=round(max(trig), 2) if trig else None,
         untriggered_max_s=round(max(untrig), 2) if untrig else None,
@@ -424,7 +484,7 @@ def _window(contender: str, server: str, dbname: str, url: str, run_url: str,
         max_sleep_s=max_sleep_of(workload, window) if contender.startswith("known-work")
         else None, workload=workload,
         drain_s=[d for t, d in drains if start <= t <= end],
-        occurrences_done=len(occurrences), notes=notes,
+        occurrences_done=got.occurrences, notes=notes,
         sessions_seen=sum(1 for se in result.sessions
                           if se.application_name == "drainer"),
         unseen_connections=sum(u.connections for u in result.unseen_connections),
@@ -436,8 +496,8 @@ def _window(contender: str, server: str, dbname: str, url: str, run_url: str,
             + [(start + b.at * window,) * 2 for b in bursts], idle, start, end), 1),
         activity_at_s=sorted({round(datetime.fromisoformat(a).timestamp() - start, 1)
                               for a in result.activity_times}),
-        latency=Latency.of(after_due), retry_latency=Latency.of([x for _d, x in retried]),
-        running_left=int(running_left[0]) if running_left else 0,
+        latency=Latency.of(got.after_due_s),
+        retry_latency=Latency.of([x for _d, x in retried]), running_left=running_left,
         runs_failed=sum(1 for t in failures if start <= t <= end), started_at=start)
     if sim is not None:
         summary = sim.summary(start, end)
@@ -446,7 +506,7 @@ def _window(contender: str, server: str, dbname: str, url: str, run_url: str,
         out.resumes = len(resumes)
         out.suspends = int(summary["suspends"])  # type: ignore[call-overload]
         out.cold_start_s = round(sim.cold_seconds(start, end), 1)
-        out.wasted_resumes = len(wasted(resumes, read_attempts(attempt_log), finished,
+        out.wasted_resumes = len(wasted(resumes, read_attempts(attempt_log), got.finished,
                                         start, end))
         for p in resumes:
             out.resumed_by[p.cause or "?"] = out.resumed_by.get(p.cause or "?", 0) + 1
@@ -586,7 +646,8 @@ def suspend_table(results: list[Result], least: dict[str, float]) -> str:
         by = ", ".join(f"{k} {v}" for k, v in sorted(r.resumed_by.items())) or "—"
         retry, awake = (("—" if x.median is None else f"{x.median:.2f} / {x.max:.2f}")
                         for x in (r.retry_latency, r.retry_awake_latency))
-        out.append(f"| {r.contender} | {r.sim_awake_s:.1f} | {ratio} | {r.resumes} | "
+        name = r.contender + (f" ({'; '.join(r.notes)})" if r.notes else "")
+        out.append(f"| {name} | {r.sim_awake_s:.1f} | {ratio} | {r.resumes} | "
                    f"{r.wasted_resumes} | {by} | {r.cold_start_s:.1f} | {r.awake_s:.1f} | "
                    f"{r.done}/{r.jobs} | {r.running_left} | {r.latency.text()} | {retry} | "
                    f"{awake} | {r.runs_failed} |")
@@ -670,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     # once (the job stays queued): expected here, not worth a warning per burst
     logging.getLogger("drainer.trigger").setLevel(logging.ERROR)
     only = [c.strip() for c in a.only.split(",") if c.strip()]
-    known = CONTENDERS + EXTRA_CONTENDERS
+    known = CONTENDERS + EXTRA_CONTENDERS + awake_peers.PEERS
     bad = [c for c in only if c not in known]
     if bad:
         p.error(f"unknown contender(s) {', '.join(bad)} (choose from {', '.join(known)})")

@@ -436,8 +436,18 @@ class SuspendSimulator:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        assert task is not None and self._awake is not None
+        assert task is not None
         self._tasks.add(task)
+        try:
+            await self._connection(reader, writer)
+        except asyncio.CancelledError:
+            pass  # stop(): asyncio logs a connection callback that ends cancelled
+        finally:
+            self._tasks.discard(task)
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        assert self._awake is not None
         self._ids += 1
         session = Session(id=self._ids, accepted=time.time())
         if self.state == "awake":
@@ -493,7 +503,6 @@ class SuspendSimulator:
             session.closed = time.time()
             if self.state == "awake" and link is not None and not link.cut and link.busy:
                 self._last = time.monotonic()  # a session that ended mid-work: its last change
-            self._tasks.discard(task)
 
     async def _startup(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                        session: Session) -> bytes | None:
