@@ -72,7 +72,6 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -89,9 +88,11 @@ from bench.awake_suspend import (
     due_instants,
     least_awake,
     read_attempts,
+    union_seconds,
     wasted,
 )
 from bench.core import ROOT, ensure_database, log
+from bench.link import target_of, via
 from bench.suspend import SuspendSimulator
 from drainer.audit import AuditResult, SessionFilter, judge, sample_activity
 from drainer.audit.html import write_html
@@ -224,14 +225,6 @@ def bursts_of(workload: str, handler_s: float) -> tuple[Burst, ...]:
     return BURSTS.get(workload, ())
 
 
-def via(url: str, host: str, port: int) -> str:
-    """``url`` with its host and port replaced (the simulator's)."""
-    parts = urlsplit(url)
-    user = parts.netloc.rpartition("@")[0]
-    netloc = f"{user}@{host}:{port}" if user else f"{host}:{port}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def prepare(url: str, worker: bool) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
@@ -344,11 +337,9 @@ def run_contender(contender: str, server: str, database: str, *, window: float, 
     sim: SuspendSimulator | None = None
     run_url = url
     if cold_start is not None:
-        parts = urlsplit(server)
-        sim = SuspendSimulator(idle, cold_start, (parts.hostname or "127.0.0.1",
-                                                  parts.port or 5432))
+        sim = SuspendSimulator(idle, cold_start, target_of(server))
         sim.start()
-        run_url = via(url, sim.host, sim.port)
+        run_url = via(url, sim)
     try:
         return _window(contender, server, dbname, url, run_url, sim, window=window, idle=idle,
                        warmup=warmup, workload=workload, retry_wait=retry_wait,
@@ -542,17 +533,7 @@ def table(results: list[Result], idle: float, window: float) -> str:
 def awake_by_idle_rule(intervals: list[tuple[float, float]], idle: float, start: float,
                        end: float) -> float:
     """Seconds of [start, end] covered by [a, b + idle] over the connected intervals."""
-    total, cur = 0.0, None
-    for a, b in sorted((max(a, start), min(b + idle, end)) for a, b in intervals):
-        if b <= a:
-            continue
-        if cur is not None and a <= cur[1]:
-            cur = (cur[0], max(cur[1], b))
-            continue
-        if cur is not None:
-            total += cur[1] - cur[0]
-        cur = (a, b)
-    return total + (cur[1] - cur[0] if cur is not None else 0.0)
+    return union_seconds([(a, b + idle) for a, b in intervals], start, end)
 
 
 def retry_table(results: list[Result]) -> str:

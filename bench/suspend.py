@@ -50,7 +50,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from types import TracebackType
+
+from bench._loop import LoopThread
 
 SSL_REQUEST, GSSENC_REQUEST, CANCEL_REQUEST, PROTOCOL_3 = 80877103, 80877104, 80877102, 196608
 CHUNK = 65536
@@ -204,14 +205,17 @@ class _Link:
         return was and not self.busy
 
 
-class SuspendSimulator:
+class SuspendSimulator(LoopThread):
     """The simulator on its own event loop in a daemon thread; a context manager (see the
     module)."""
+
+    name = "suspend simulator"
 
     def __init__(self, idle: float, cold_start: float, target: tuple[str, int] = (
             "127.0.0.1", 5432), *, listen: tuple[str, int] = ("127.0.0.1", 0),
             asleep: bool = True, max_connections: int = 500,
             on_event: Callable[[Event], None] | None = None) -> None:
+        super().__init__()
         if idle <= 0 or cold_start < 0:
             raise ValueError("idle must be > 0 and cold_start >= 0 seconds")
         self.idle = idle
@@ -229,42 +233,11 @@ class SuspendSimulator:
         self._sessions: list[Session] = []
         self._links: set[_Link] = set()
         self._last = time.monotonic()  # the last activity
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
         self._awake: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = 0
 
     # -- the library face -------------------------------------------------------------------
-
-    def __enter__(self) -> SuspendSimulator:
-        self.start()
-        return self
-
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._thread_main, name="suspend-simulator",
-                                        daemon=True)
-        self._thread.start()
-        self._ready.wait(10)
-        if self._error is not None:
-            raise self._error
-        if not self._ready.is_set():
-            raise RuntimeError("suspend simulator did not start")
-
-    def stop(self) -> None:
-        loop, stopping = self._loop, self._stopping
-        if loop is not None and stopping is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stopping.set)
-        if self._thread is not None:
-            self._thread.join(10)
 
     def url(self, database: str = "postgres", user: str = "postgres") -> str:
         """A URL of ``database`` through the simulator."""
@@ -337,17 +310,6 @@ class SuspendSimulator:
                 "resumed_by": [p.cause for p in resumes]}
 
     # -- the event loop ----------------------------------------------------------------------
-
-    def _thread_main(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self.serve())
-        except BaseException as exc:  # handed to start()
-            self._error = exc
-            self._ready.set()
-        finally:
-            loop.close()
 
     async def serve(self, max_seconds: float | None = None) -> None:
         """Listen until stop() (or ``max_seconds``); used by the thread and by the command."""

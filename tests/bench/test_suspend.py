@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
+from bench.link import target_of, via
 from bench.suspend import PROTOCOL_3, SSL_REQUEST, SuspendSimulator
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -25,25 +26,14 @@ IDLE = 1.0
 COLD = 0.6
 
 
-def _target(pg_url: str) -> tuple[str, int]:
-    parts = urlsplit(pg_url)
-    return parts.hostname or "127.0.0.1", parts.port or 5432
-
-
-def _url(pg_url: str, sim: SuspendSimulator) -> str:
-    parts = urlsplit(pg_url)
-    user = f"{parts.username}@" if parts.username else ""
-    return f"postgresql://{user}{sim.host}:{sim.port}{parts.path or '/postgres'}"
-
-
 @pytest.fixture
 def sim(pg_url: str) -> Iterator[SuspendSimulator]:
-    with SuspendSimulator(IDLE, COLD, _target(pg_url)) as s:
+    with SuspendSimulator(IDLE, COLD, target_of(pg_url)) as s:
         yield s
 
 
 def _connect(pg_url: str, sim: SuspendSimulator, name: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(_url(pg_url, sim), autocommit=True, application_name=name,
+    return psycopg.connect(via(pg_url, sim), autocommit=True, application_name=name,
                            connect_timeout=10)
 
 
@@ -226,7 +216,7 @@ def test_a_forced_suspend_cuts_a_running_query(pg_url: str, sim: SuspendSimulato
 
 
 def test_a_simulator_started_awake_counts_no_resume(pg_url: str) -> None:
-    with SuspendSimulator(IDLE, COLD, _target(pg_url), asleep=False) as s:
+    with SuspendSimulator(IDLE, COLD, target_of(pg_url), asleep=False) as s:
         started = time.monotonic()
         with _connect(pg_url, s, "no-wait") as conn:
             assert time.monotonic() - started < COLD
@@ -236,7 +226,7 @@ def test_a_simulator_started_awake_counts_no_resume(pg_url: str) -> None:
 
 
 def test_the_command_prints_its_events_and_a_summary(pg_url: str) -> None:
-    host, port = _target(pg_url)
+    host, port = target_of(pg_url)
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.suspend", "--target", f"{host}:{port}", "--idle", "0.5",
          "--cold-start", "0.2", "--max-seconds", "4"],

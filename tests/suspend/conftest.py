@@ -9,10 +9,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
+from bench.link import target_of
 from bench.suspend import SuspendSimulator
 from tests.conftest import ROOT, cli_env
 
@@ -20,18 +20,6 @@ IDLE_S = 2.5
 COLD_START_S = 1.0
 #: suspend_jobs.late_retry's wait before the retry of a failed first attempt
 RETRY_AFTER_S = 1.0
-
-
-def target_of(pg_url: str) -> tuple[str, int]:
-    parts = urlsplit(pg_url)
-    return parts.hostname or "127.0.0.1", parts.port or 5432
-
-
-def url_through(pg_url: str, sim: SuspendSimulator) -> str:
-    """``pg_url`` (its user and database) through the simulator."""
-    parts = urlsplit(pg_url)
-    user = f"{parts.username}@" if parts.username else ""
-    return f"postgresql://{user}{sim.host}:{sim.port}{parts.path or '/postgres'}"
 
 
 @pytest.fixture
