@@ -3,6 +3,7 @@ bench/proxy.py and bench/suspend.py (a context manager that starts and stops it)
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import threading
@@ -65,3 +66,17 @@ class LoopThread:
             self._ready.set()
         finally:
             loop.close()
+
+
+def address(text: str) -> tuple[str, int]:
+    """HOST:PORT (or :PORT) of the command lines."""
+    host, _, port = text.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def add_address_arguments(p: argparse.ArgumentParser) -> None:
+    """--listen and --target, as the proxy commands take them."""
+    p.add_argument("--listen", type=address, default=("127.0.0.1", 0),
+                   help="HOST:PORT to listen on [127.0.0.1:0, a free port, printed].")
+    p.add_argument("--target", type=address, default=("127.0.0.1", 5432),
+                   help="HOST:PORT of the server [127.0.0.1:5432].")

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from bench._loop import LoopThread
+from bench._loop import LoopThread, add_address_arguments
 
 SSL_REQUEST, GSSENC_REQUEST, CANCEL_REQUEST, PROTOCOL_3 = 80877103, 80877104, 80877102, 196608
 CHUNK = 65536
@@ -537,18 +537,10 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-def _addr(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return host or "127.0.0.1", int(port)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.suspend", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--listen", type=_addr, default=("127.0.0.1", 0),
-                   help="HOST:PORT to listen on [127.0.0.1:0, a free port, printed].")
-    p.add_argument("--target", type=_addr, default=("127.0.0.1", 5432),
-                   help="HOST:PORT of the server [127.0.0.1:5432].")
+    add_address_arguments(p)
     p.add_argument("--idle", type=float, required=True,
                    help="Seconds without activity before the compute suspends (fractions "
                    "allowed).")

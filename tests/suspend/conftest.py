@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.link import target_of
+from bench.link import target_of, via
 from bench.suspend import SuspendSimulator
 from tests.conftest import ROOT, cli_env
+from tests.reliability._helpers import executions, wait_for
 
 IDLE_S = 2.5
 COLD_START_S = 1.0
@@ -22,11 +23,23 @@ COLD_START_S = 1.0
 RETRY_AFTER_S = 1.0
 
 
+def url_through(pg_url: str, sim: SuspendSimulator) -> str:
+    """``pg_url`` (its user and database) through the simulator."""
+    return via(pg_url, sim)
+
+
 @pytest.fixture
 def sim(pg_url: str) -> Iterator[SuspendSimulator]:
     """A suspended compute in front of the test server: T = 2.5 s, cold start 1 s."""
     with SuspendSimulator(IDLE_S, COLD_START_S, target_of(pg_url)) as s:
         yield s
+
+
+def cut_once_a_handler_runs(sim: SuspendSimulator, log_dir: Path) -> int:
+    """Wait until a handler has started (its execution log), then suspend the compute at
+    once; the connections cut."""
+    wait_for(lambda: executions(log_dir), 30, "a handler to start")
+    return sim.suspend_now()
 
 
 def start_drainer(args: list[str], *, url: str, schema: str, log_dir: Path,

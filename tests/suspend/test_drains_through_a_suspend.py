@@ -14,8 +14,14 @@ from bench.suspend import SuspendSimulator
 from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 from tests.conftest import finish
-from tests.reliability._helpers import executions, jobs, wait_for
-from tests.suspend.conftest import IDLE_S, start_drainer, target_of, url_through
+from tests.reliability._helpers import executions, jobs
+from tests.suspend.conftest import (
+    IDLE_S,
+    cut_once_a_handler_runs,
+    start_drainer,
+    target_of,
+    url_through,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -63,13 +69,12 @@ def test_a_cut_between_claim_and_outcome_loses_no_outcome(
         sim: SuspendSimulator, tmp_path: Path) -> None:
     """The compute goes away (a restart, a pooler, the network) while a handler works, well
     inside T: the drain reconnects through the cold start, writes the outcome, goes on."""
-    first, _second = _enqueue(conn, schema, 2, 1.0)
+    _enqueue(conn, schema, 2, 1.0)
     proc = start_drainer(["run-once", "--queue", "sleepy"], url=url_through(pg_url, sim),
                          schema=schema, log_dir=tmp_path)
     try:
-        wait_for(lambda: any(j == first for j, _a, _p in executions(tmp_path)), 30,
-                 "the first handler to start")
-        assert sim.suspend_now() == 1  # the drain's one connection, claimed and not written
+        # the drain's one connection, its two jobs claimed and no outcome written
+        assert cut_once_a_handler_runs(sim, tmp_path) == 1
     finally:
         code, _out, err = finish(proc, 120)
     assert code == 0, err[-3000:]
@@ -103,10 +108,9 @@ def test_a_reconnect_waits_out_a_cold_start_longer_than_the_connect_timeout(
         proc = start_drainer(["run-once", "--queue", "sleepy", "--connect-timeout", "1"],
                              url=url_through(pg_url, slow), schema=schema, log_dir=tmp_path)
         try:
-            wait_for(lambda: executions(tmp_path), 30, "the handler to start")
             # the drain's connection (and the first attempt's, which timed out on the
             # client's side and that psycopg has not closed yet: the compute still saw it)
-            assert slow.suspend_now() >= 1
+            assert cut_once_a_handler_runs(slow, tmp_path) >= 1
         finally:
             code, _out, err = finish(proc, 120)
         resumes = slow.resumes()

@@ -19,11 +19,12 @@ from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
 from tests.acceptance._proc import DrainerProcess
 from tests.conftest import finish
-from tests.reliability._helpers import executions, jobs, wait_for
+from tests.reliability._helpers import executions, jobs
 from tests.suspend.conftest import (
     COLD_START_S,
     IDLE_S,
     RETRY_AFTER_S,
+    cut_once_a_handler_runs,
     start_drainer,
     url_through,
 )
@@ -47,8 +48,7 @@ def test_after_a_cut_the_next_run_is_due_when_the_stranded_lease_expires(
     dead = start_drainer(["run-once", "--queue", "sleepy", "--lease", "30"], url=url,
                          schema=schema, log_dir=tmp_path)
     try:
-        wait_for(lambda: executions(tmp_path), 30, "the handler to start")
-        assert sim.suspend_now() == 1
+        assert cut_once_a_handler_runs(sim, tmp_path) == 1
     finally:
         dead.kill()
         finish(dead, 10)
