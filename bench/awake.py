@@ -491,11 +491,10 @@ def _window(contender: str, server: str, dbname: str, url: str, run_url: str,
         retry_latency=Latency.of([x for _d, x in retried]), running_left=running_left,
         runs_failed=sum(1 for t in failures if start <= t <= end), started_at=start)
     if sim is not None:
-        summary = sim.summary(start, end)
         resumes = sim.resumes(start, end)
         out.sim_awake_s = round(sim.awake_seconds(start, end), 1)
         out.resumes = len(resumes)
-        out.suspends = int(summary["suspends"])  # type: ignore[call-overload]
+        out.suspends = len(sim.suspends(start, end))
         out.cold_start_s = round(sim.cold_seconds(start, end), 1)
         out.wasted_resumes = len(wasted(resumes, read_attempts(attempt_log), got.finished,
                                         start, end))

@@ -299,12 +299,15 @@ class SuspendSimulator(LoopThread):
                                      f"{self.events()}")
             time.sleep(0.01)
 
+    def suspends(self, start: float | None = None, end: float | None = None) -> list[Event]:
+        """The suspend events in [start, end] (time.time(); None: open)."""
+        return [e for e in self.events() if e.kind == "suspend"
+                and (start is None or e.at >= start) and (end is None or e.at <= end)]
+
     def summary(self, start: float | None = None, end: float | None = None) -> dict[str, object]:
         """Counts over [start, end]: resumes, suspends, awake and cold-start seconds."""
-        suspends = [e for e in self.events() if e.kind == "suspend"
-                    and (start is None or e.at >= start) and (end is None or e.at <= end)]
         resumes = self.resumes(start, end)
-        return {"resumes": len(resumes), "suspends": len(suspends),
+        return {"resumes": len(resumes), "suspends": len(self.suspends(start, end)),
                 "awake_s": round(self.awake_seconds(start, end), 3),
                 "cold_start_s": round(self.cold_seconds(start, end), 3),
                 "resumed_by": [p.cause for p in resumes]}
