@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from bench.contenders import PEERS_BIN, Contender, Drainer, Pgqueuer, Procrastinate
 from bench.core import ROOT, VENV_BIN, fill, fmt_rate, fresh_schema, log, run_timed, settle
 from bench.proxy import DelayProxy, Session, compute_seconds, held_seconds
+from bench.suspend import SuspendSimulator
 
 if TYPE_CHECKING:
     from bench.cli import Ctx
@@ -34,8 +35,8 @@ def target_of(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 5432
 
 
-def via(url: str, proxy: DelayProxy) -> str:
-    """``url`` with its host and port replaced by the proxy's."""
+def via(url: str, proxy: DelayProxy | SuspendSimulator) -> str:
+    """``url`` with its host and port replaced by the proxy's (or the simulator's)."""
     parts = urlsplit(url)
     user = parts.netloc.rpartition("@")[0]
     netloc = f"{user + '@' if user else ''}{proxy.host}:{proxy.port}"

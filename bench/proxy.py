@@ -38,7 +38,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from types import TracebackType
+
+from bench._loop import LoopThread, add_address_arguments
 
 SSL_REQUEST, GSSENC_REQUEST, CANCEL_REQUEST, PROTOCOL_3 = 80877103, 80877104, 80877102, 196608
 CHUNK = 65536
@@ -124,14 +125,17 @@ class _StatementCounter:
             self.head.clear()
 
 
-class DelayProxy:
+class DelayProxy(LoopThread):
     """The proxy on its own event loop in a daemon thread; a context manager (see the module)."""
+
+    name = "delay proxy"
 
     def __init__(self, rtt_ms: float, target: tuple[str, int] = ("127.0.0.1", 5432), *,
                  listen: tuple[str, int] = ("127.0.0.1", 0), handshake: bool = True,
                  max_connections: int = 500, max_buffer: int = 8 << 20,
                  idle_exit: float | None = None, max_seconds: float | None = None,
                  on_close: Callable[[Session], None] | None = None) -> None:
+        super().__init__()
         self.rtt = rtt_ms / 1000.0
         self.target = target
         self.listen = listen
@@ -145,40 +149,9 @@ class DelayProxy:
         self._sessions: list[Session] = []
         self._open = 0
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- the library face -------------------------------------------------------------------
-
-    def __enter__(self) -> DelayProxy:
-        self.start()
-        return self
-
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._thread_main, name="delay-proxy",
-                                        daemon=True)
-        self._thread.start()
-        self._ready.wait(10)
-        if self._error is not None:
-            raise self._error
-        if not self._ready.is_set():
-            raise RuntimeError("delay proxy did not start")
-
-    def stop(self) -> None:
-        loop, stopping = self._loop, self._stopping
-        if loop is not None and stopping is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stopping.set)
-        if self._thread is not None:
-            self._thread.join(10)
 
     @property
     def open_connections(self) -> int:
@@ -200,17 +173,6 @@ class DelayProxy:
         while self._open and time.monotonic() < deadline:
             time.sleep(0.002)
         return self._open == 0
-
-    def _thread_main(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self.serve())
-        except BaseException as exc:  # handed to start()
-            self._error = exc
-            self._ready.set()
-        finally:
-            loop.close()
 
     # -- the proxy ---------------------------------------------------------------------------
 
@@ -346,19 +308,11 @@ class DelayProxy:
                 await sender
 
 
-def _addr(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return host or "127.0.0.1", int(port)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.proxy", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rtt", type=float, required=True, help="Round-trip time to add, in ms.")
-    p.add_argument("--listen", type=_addr, default=("127.0.0.1", 0),
-                   help="HOST:PORT to listen on [127.0.0.1:0, a free port, printed].")
-    p.add_argument("--target", type=_addr, default=("127.0.0.1", 5432),
-                   help="HOST:PORT of the server [127.0.0.1:5432].")
+    add_address_arguments(p)
     p.add_argument("--no-handshake", dest="handshake", action="store_false",
                    help="Do not hold a client's first bytes for one more RTT.")
     p.add_argument("--max-connections", type=int, default=500)

@@ -1,0 +1,101 @@
+"""The awake benchmark's peers (run by the peers venv): a worker of each, always on.
+
+    python -m bench.peer_awake procrastinate|pgqueuer DSN [install]
+
+One task ``work`` on the queue ``bench``, as bench/hard_app.py: a payload with ``fail``
+fails its first attempt and is retried by the peer's own retry (``BENCH_RETRY_WAIT``
+seconds, 5 by default), ``sleep`` waits. Every call appends ``started ended attempt ok
+key due`` to ``$BENCH_ATTEMPT_LOG``, where the benchmark reads jobs done and latency (the
+peers' tables keep no common finished time). The workers are the peers' long-running
+modes (procrastinate's worker: LISTEN/NOTIFY, polling every 5 s; pgqueuer's QueueManager:
+LISTEN/NOTIFY, dequeue timeout 30 s): neither has a drain-and-exit mode that a trigger or
+a schedule starts, beside procrastinate's --one-shot, which knows no delayed job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+WAIT_S = float(os.environ.get("BENCH_RETRY_WAIT", "5"))
+_LOG = os.environ.get("BENCH_ATTEMPT_LOG", "")
+
+
+def record(started: float, attempt: int, ok: bool, payload: dict[str, Any]) -> None:
+    if not _LOG:
+        return
+    line = (f"{started:.6f} {time.time():.6f} {attempt} {int(ok)} "
+            f"{payload.get('burst')}-{payload.get('n')} {float(payload.get('due', 0)):.6f}\n")
+    fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+async def work(payload: dict[str, Any], attempt: int) -> None:
+    """The handler: True when it succeeded (a failure raises after recording)."""
+    started = time.time()
+    if payload.get("sleep"):
+        await asyncio.sleep(float(payload["sleep"]))
+    if payload.get("fail") and attempt == 1:
+        record(started, attempt, False, payload)
+        raise RuntimeError("failing the first attempt (bench hard workload)")
+    record(started, attempt, True, payload)
+
+
+async def procrastinate_main(dsn: str, install: bool) -> None:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(
+        conninfo=dsn, kwargs={"application_name": "procrastinate"}))
+
+    @app.task(name="work", queue="bench", pass_context=True,
+              retry=procrastinate.RetryStrategy(max_attempts=2, wait=max(1, round(WAIT_S))))
+    async def task(context: Any, **payload: Any) -> None:
+        await work(payload, context.job.attempts + 1)
+
+    async with app.open_async():
+        if install:
+            await app.schema_manager.apply_schema_async()
+            return
+        await app.run_worker_async(queues=["bench"], install_signal_handlers=True)
+
+
+async def pgqueuer_main(dsn: str, install: bool) -> None:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, QueueManager
+    from pgqueuer.domain.errors import RetryRequested
+    from pgqueuer.models import Job
+    from pgqueuer.queries import Queries
+
+    conn = await asyncpg.connect(dsn, server_settings={"application_name": "pgqueuer"})
+    try:
+        if install:
+            await Queries(AsyncpgDriver(conn)).install()
+            return
+        qm = QueueManager(Queries(AsyncpgDriver(conn)))
+
+        @qm.entrypoint("work")
+        async def entry(job: Job) -> None:
+            payload = json.loads(job.payload or b"{}")
+            try:
+                await work(payload, job.attempts + 1)
+            except RuntimeError as exc:
+                raise RetryRequested(delay=timedelta(seconds=WAIT_S), reason=str(exc)) from exc
+
+        await qm.run()
+    finally:
+        await conn.close()
+
+
+if __name__ == "__main__":
+    kind, dsn = sys.argv[1], sys.argv[2]
+    install = sys.argv[3:4] == ["install"]
+    main = {"procrastinate": procrastinate_main, "pgqueuer": pgqueuer_main}[kind]
+    asyncio.run(main(dsn, install))
