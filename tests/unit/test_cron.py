@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from itertools import pairwise
 from zoneinfo import ZoneInfo
@@ -198,13 +196,3 @@ def test_same_fires_as_apscheduler_in_utc(expr: str, dow: str) -> None:
         theirs.append(nxt)
         prev = nxt + timedelta(microseconds=1)
     assert next_fire_times(expr, UTC, NOW - timedelta(microseconds=1), 60) == theirs
-
-
-def test_cron_and_the_wake_schedule_import_no_apscheduler() -> None:
-    code = ("import sys, datetime as d, drainer.cron as c, drainer.wake_schedule as w\n"
-            "c.next_fire_times('0 3 * * 0', d.timezone.utc, d.datetime.now(d.timezone.utc), 3)\n"
-            "w.WakeSchedule(cron='@daily', timezone=d.timezone.utc).min_gap()\n"
-            "print(sorted(m for m in sys.modules if m.startswith('apscheduler')))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "[]"

@@ -1,6 +1,6 @@
 """The README and the docs stay in step with the code: every setting (flag, variable,
-default) and every command is documented, the README stays a front door, and the pages
-the README used to hold still have their sections."""
+default), command and run report key is documented, every documented command line parses,
+the README's links resolve and it stays a front door to docs/."""
 
 from __future__ import annotations
 
@@ -87,31 +87,9 @@ def test_every_command_is_documented() -> None:
     assert not missing, missing
 
 
-@pytest.mark.parametrize(("page", "heading"), [
-    ("README.md", "## Quick start"),
-    ("docs/waking.md", "Keeping the compute asleep"),
-    ("docs/guarantees.md", "# Guarantees"),
-    ("docs/deploy.md", "# Deploy"),
-    ("docs/performance.md", "# Performance"),
-    ("docs/operations.md", "Running on Neon"),
-    ("docs/operations.md", "Running on Aurora Serverless v2"),
-    ("docs/operations.md", "Behind PgBouncer or Supavisor"),
-    ("docs/operations.md", "Adopting a jobs table made from *Postgres as a job queue*"),
-    ("docs/handlers.md", "Writing idempotent handlers"),
-    ("docs/faq.md", "Operator's FAQ"),
-    ("docs/configuration.md", "# Configuration"),
-])
-def test_required_sections(page: str, heading: str) -> None:
-    assert heading in (ROOT / page).read_text(), heading
-
-
-def test_the_readme_is_a_front_door() -> None:
+def test_the_readme_stays_a_front_door() -> None:
+    """Details live in docs/ (every page linked from the README, checked below)."""
     assert len(README.splitlines()) <= 300
-    for gone in ("Targets (issue", "What made the difference", "#### Real runs"):
-        assert gone not in README, gone
-    for heading in ("## Quick start", "## Installing into your project",
-                    "## Five-minute tutorial", "## Documentation"):
-        assert f"\n{heading}\n" in README, heading
 
 
 def test_the_quick_start_commands_are_kept_exactly() -> None:
