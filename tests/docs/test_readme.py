@@ -180,6 +180,31 @@ def test_every_run_report_key_is_documented() -> None:
     assert not missing, missing
 
 
+_CITED_TEST = re.compile(r"\b((?:tests/[\w/]+/)?(test_\w+\.py))(?:::(test_\w+))?")
+
+
+def test_every_test_the_docs_cite_exists() -> None:
+    """The guarantees table and the other pages name the tests that show each claim: a
+    test renamed, moved or merged leaves no citation of nothing behind."""
+    defined: dict[str, set[str]] = {}
+    for f in (ROOT / "tests").rglob("test_*.py"):
+        names = re.findall(r"^(?:async )?def (test_\w+)", f.read_text(), flags=re.M)
+        defined.setdefault(f.name, set()).update(names)
+    cited = 0
+    missing = []
+    for page in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted(DOCS.glob("*.md"))]:
+        for m in _CITED_TEST.finditer(page.read_text()):
+            path, name, test = m.groups()
+            cited += 1
+            if name not in defined or (path.startswith("tests/")
+                                       and not (ROOT / path).is_file()):
+                missing.append(f"{page.name}: {path}")
+            elif test is not None and test not in defined[name]:
+                missing.append(f"{page.name}: {name}::{test}")
+    assert cited >= 30
+    assert not missing, missing
+
+
 def _documented_command_lines() -> list[tuple[str, int, list[str]]]:
     """Every `drainer ...` line of the shell blocks of the README and the docs, as words."""
     from tests.docs_snippets import blocks

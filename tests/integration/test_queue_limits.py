@@ -1,4 +1,4 @@
-"""Per-queue limits (issue 17): where max_running and rate_limit come from (operator row,
+"""Per-queue limits: where max_running and rate_limit come from (operator row,
 setting, task: in that order), the rate limit's window on a real PostgreSQL, and the
 next slot as the queue's due time (the drain exits; the report says when)."""
 
