@@ -36,6 +36,17 @@ def run_once(pg_url: str, schema: str, log_dir: Path, *args: str, app: str = "re
                                 log_dir=log_dir, app=app, **env), timeout=timeout)
 
 
+def run_once_through_deaths(conn: psycopg.Connection[Any], pg_url: str, schema: str,
+                            log_dir: Path, runs: int, *, app: str = "rel_jobs") -> None:
+    """Up to ``runs`` ``run-once --lease 1``, each after the last one's leases expired,
+    until one exits 0: a job that kills its process is run until it is given up."""
+    for _ in range(runs):
+        code, _out, _err = run_once(pg_url, schema, log_dir, "--lease", "1", app=app)
+        if code == 0:
+            return
+        wait_leases_expired(conn, schema)
+
+
 def enqueue_jobs(conn: psycopg.Connection[Any], schema: str, n: int, queue: str = "rec",
                  **kw: Any) -> None:
     """``n`` jobs ``{"n": i}`` on ``queue`` (JobSpec options in ``kw``)."""

@@ -16,6 +16,7 @@ from tests.reliability._helpers import (
     executions,
     jobs,
     run_once,
+    run_once_through_deaths,
     runs_per_job,
     wait_leases_expired,
 )
@@ -50,11 +51,7 @@ def test_the_reaper_honours_the_tasks_max_attempts(
         migrated: Settings, conn: Conn, pg_url: str, tmp_path: Path) -> None:
     schema = migrated.schema_name
     enqueue_many(conn, [JobSpec("exit_max_attempts_2", {})], schema=schema)  # the row's: 5
-    for _ in range(6):
-        code, _out, _err = run_once(pg_url, schema, tmp_path, "--lease", "1", app=APP)
-        if code == 0:
-            break
-        wait_leases_expired(conn, schema)
+    run_once_through_deaths(conn, pg_url, schema, tmp_path, 6, app=APP)
     (row,) = jobs(conn, schema).values()
     assert len(executions(tmp_path)) == 2, (
         f"ran {len(executions(tmp_path))} times, the task allows 2; row: {row['status']} "

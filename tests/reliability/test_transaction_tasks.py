@@ -19,9 +19,9 @@ from tests.reliability._helpers import (
     executions,
     jobs,
     run_once,
+    run_once_through_deaths,
     start_drainer,
     wait_for,
-    wait_leases_expired,
 )
 
 Conn = psycopg.Connection[Any]
@@ -32,11 +32,7 @@ def test_a_transaction_task_that_kills_the_process_is_charged_an_attempt(
         migrated: Settings, conn: Conn, pg_url: str, tmp_path: Path) -> None:
     schema = migrated.schema_name
     enqueue_many(conn, [JobSpec("tx_exit", {}, max_attempts=2)], schema=schema)
-    for _ in range(4):
-        code, _out, _err = run_once(pg_url, schema, tmp_path, "--lease", "1", app=APP)
-        if code == 0:
-            break
-        wait_leases_expired(conn, schema)
+    run_once_through_deaths(conn, pg_url, schema, tmp_path, 4, app=APP)
     (row,) = jobs(conn, schema).values()
     assert len(executions(tmp_path)) <= 2, (
         f"ran {len(executions(tmp_path))} times with max_attempts=2; row: {row['status']} "
