@@ -2,8 +2,8 @@
 """Set up a virtualenv in .venv and run drainer's demo or tests. Needs only Python 3.10+.
 
     python3 dev.py demo      # the whole flow on a throwaway embedded PostgreSQL
-    python3 dev.py test      # the test suite (lint, types, unit, integration, acceptance),
-                             # in parallel (pytest-xdist, -n auto); -n0 runs it in one process
+    python3 dev.py test      # the test suite, every tier of tests/ (CONTRIBUTING.md), in
+                             # parallel (pytest-xdist, -n auto); -n0 runs it in one process
     python3 dev.py bench ... # the benchmarks in bench/
 """
 

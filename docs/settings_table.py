@@ -2,7 +2,7 @@
 
     python docs/settings_table.py     # rewrite the table in docs/configuration.md
 
-tests/unit/test_readme.py fails while the table in the page is not what this prints.
+tests/docs/test_readme.py fails while the table in the page is not what this prints.
 """
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ def test_attempts_are_shown_against_the_task_max_attempts_with_app(
     assert code == 0 and re.search(r"max_attempts: +5\s", out) and "pass --app" in out, out
 
     listed = ok_json(["jobs", "--app", "ops_jobs"], pg_url, schema)
-    assert listed[0]["max_attempts"] == 5  # the column, as before
+    assert listed[0]["max_attempts"] == 5  # the row's column, unchanged by the task's
     assert (listed[0]["max_attempts_applied"], listed[0]["max_attempts_source"]) == (2, "task")
     assert "max_attempts_applied" not in ok_json(["jobs"], pg_url, schema)[0]
     shown = ok_json(["show", str(enq["id"]), "--app", "ops_jobs"], pg_url, schema)

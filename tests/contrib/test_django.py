@@ -184,13 +184,26 @@ def test_manage_py_drainer_migrate_and_run_once(schema: str, pg_url: str) -> Non
     assert bad.returncode == 2 and "nope" in bad.stderr
 
 
-def test_call_command(schema: str) -> None:
-    from django.core.management import call_command
+def test_call_command_runs_drainer_in_process_and_raises_on_its_exit_code(
+        schema: str, pg_url: str) -> None:
+    """call_command (Django's in-process API, e.g. in a data migration or a test) migrates
+    the schema on DATABASES[alias]; drainer's non-zero exit code is a CommandError with it."""
+    from django.core.management import CommandError, call_command
+
+    from drainer.migrate import latest_version
+
+    def version() -> object:
+        with psycopg.connect(pg_url) as c:
+            return c.execute(f'SELECT max(version) FROM "{schema}".drainer_migrations'
+                             ).fetchone()
 
     call_command("drainer", "migrate", "--schema", schema)
+    assert version() == (latest_version(),)
     call_command("drainer", "--database", "default", "migrate", "--schema", schema)
-
-
+    assert version() == (latest_version(),)
+    with pytest.raises(CommandError) as err:
+        call_command("drainer", "--database", "nope", "status", "--schema", schema)
+    assert err.value.returncode == 2
 
 
 def test_a_task_handler_stands_for_its_queue(shop: str, pg_url: str) -> None:

@@ -25,13 +25,6 @@ AWS = DEPLOY / "serverless" / "aws"
 GCP = DEPLOY / "serverless" / "gcp"
 HANDLER = "drainer.serverless.lambda_handler"
 
-SERVERLESS_MISSING = importlib.util.find_spec("drainer.serverless") is None
-xfail_without_serverless = pytest.mark.xfail(
-    SERVERLESS_MISSING, strict=False,
-    reason="drainer/serverless.py is written on another branch (issue 5) and merged by the "
-           "lead; this test imports it for real once it is there")
-
-
 
 # -- CloudFormation YAML ------------------------------------------------------------------------
 
@@ -181,7 +174,6 @@ def _handler_env_names() -> set[str]:
     return {n for n in names if n.startswith("DRAINER_")}
 
 
-@xfail_without_serverless
 def test_lambda_handler_resolves() -> None:
     module_name, _, attr = HANDLER.rpartition(".")
     module = importlib.import_module(module_name)
@@ -219,7 +211,6 @@ def test_cloud_function_requirements_name_drainer_with_the_gcp_extra() -> None:
     assert any(ln.startswith("drainer[gcp]") for ln in lines)
 
 
-@xfail_without_serverless
 def test_cloud_function_entry_point_resolves() -> None:
     spec = importlib.util.spec_from_file_location(
         "drainer_gcf_main", GCP / "cloud-functions" / "main.py")

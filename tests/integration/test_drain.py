@@ -69,7 +69,7 @@ def test_backoff_doubles_and_is_capped(migrated: Settings, conn: psycopg.Connect
                          "(VALUES (%s::bigint, 2), (%s::bigint, 3), (%s::bigint, 30)) v(id, a) "
                          "WHERE {}.id = v.id").format(jobs_table(migrated), jobs_table(migrated)),
                  ids)
-    # fenced on the claim's token (issue 20 item 4): these rows were never claimed, fence 0
+    # fenced on the claim's token: these rows were never claimed, fence 0
     rows = q.fail_many(ids, [0, 0, 0], ["e", "e", "e"], [None, None, None], 10.0, 3600.0)
     assert {r[1] for r in rows} == {"queued"}
     waits = [fetch(conn, migrated, i)["retry_in"].total_seconds() for i in ids]  # type: ignore[arg-type]

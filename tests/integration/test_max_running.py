@@ -1,4 +1,4 @@
-"""max_running (issue 17): at most N jobs of a queue under a live lease, whatever the number
+"""max_running: at most N jobs of a queue under a live lease, whatever the number
 of drainer processes, proved from the handlers' own start/end log."""
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def test_empty_queue_does_little_while_the_session_is_open(
     """The session of an empty run is billed from connect to close: nothing is due, so no
     drain loop nor heartbeat thread is built, and no named statement is rendered while it
     is open (the one Query sent was built before connecting). With a due job the loop is
-    built and drains it, as before."""
+    built and drains it."""
     for i in range(queues):
         registry.task(f"idle{i}")(lambda job: None)
     beats: list[Heartbeat] = []

@@ -13,18 +13,44 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from tests.conftest import ROOT, cli_env
+from drainer.producer import JobSpec, enqueue_many
+from tests.conftest import ROOT, cli_env, finish
 
 
 def start_drainer(args: list[str], *, pg_url: str, schema: str, log_dir: Path,
-                  **env: str) -> subprocess.Popen[str]:
-    """Start ``drainer <args>`` with the rel_jobs app; executions go to ``log_dir``."""
+                  app: str = "rel_jobs", **env: str) -> subprocess.Popen[str]:
+    """Start ``drainer <args>`` with the ``app`` module of tests/apps/; executions go to
+    ``log_dir``."""
     return subprocess.Popen(
         [sys.executable, "-m", "drainer", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        env=cli_env(pg_url, schema, DRAINER_APP="rel_jobs", REL_LOG_DIR=str(log_dir),
+        env=cli_env(pg_url, schema, DRAINER_APP=app, REL_LOG_DIR=str(log_dir),
                     DRAINER_LOG_FORMAT="json", **env),
     )
+
+
+def run_once(pg_url: str, schema: str, log_dir: Path, *args: str, app: str = "rel_jobs",
+             timeout: float = 60, **env: str) -> tuple[int, str, str]:
+    """``drainer run-once <args>`` to its end: (exit code, stdout, stderr)."""
+    return finish(start_drainer(["run-once", *args], pg_url=pg_url, schema=schema,
+                                log_dir=log_dir, app=app, **env), timeout=timeout)
+
+
+def run_once_through_deaths(conn: psycopg.Connection[Any], pg_url: str, schema: str,
+                            log_dir: Path, runs: int, *, app: str = "rel_jobs") -> None:
+    """Up to ``runs`` ``run-once --lease 1``, each after the last one's leases expired,
+    until one exits 0: a job that kills its process is run until it is given up."""
+    for _ in range(runs):
+        code, _out, _err = run_once(pg_url, schema, log_dir, "--lease", "1", app=app)
+        if code == 0:
+            return
+        wait_leases_expired(conn, schema)
+
+
+def enqueue_jobs(conn: psycopg.Connection[Any], schema: str, n: int, queue: str = "rec",
+                 **kw: Any) -> None:
+    """``n`` jobs ``{"n": i}`` on ``queue`` (JobSpec options in ``kw``)."""
+    enqueue_many(conn, [JobSpec(queue, {"n": i}, **kw) for i in range(n)], schema=schema)
 
 
 def executions(log_dir: Path, event: str = "start") -> list[tuple[int, int, int]]:
@@ -69,6 +95,13 @@ def jobs(conn: psycopg.Connection[Any], schema: str, table: str = "jobs"
 
 def status_counts(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
     return dict(Counter(r["status"] for r in jobs(conn, schema).values()))
+
+
+def wait_leases_expired(conn: psycopg.Connection[Any], schema: str,
+                        timeout: float = 15) -> None:
+    """Until every running job's lease has expired (the reaper may take them back)."""
+    wait_for(lambda: all(r["expired"] for r in jobs(conn, schema).values()
+                         if r["status"] == "running"), timeout, "the leases to expire")
 
 
 SECRET = "S3cretPw_xyz"

@@ -1,4 +1,5 @@
-"""Scenario 1, the article's experiment: 8 concurrent claimers over 10,000 jobs.
+"""The experiment of *Postgres as a job queue: using FOR UPDATE SKIP LOCKED correctly*: 8
+concurrent claimers over 10,000 jobs.
 
 drainer's claim (``Queries.claim_batch``: a CTE with FOR UPDATE SKIP LOCKED) hands every
 job to exactly one claimer. The naive ``UPDATE ... WHERE id = (SELECT id ... LIMIT 1)``

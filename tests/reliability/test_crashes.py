@@ -1,4 +1,4 @@
-"""Scenarios 3 to 6: kill -9, a terminated backend, SIGTERM, and a worker that stalls.
+"""Crashes: kill -9, a terminated backend, SIGTERM, and a worker that stalls.
 
 Real ``drainer run-once`` processes against the real database; the rel_jobs handlers
 record every execution in files so that "ran at most twice" is counted, not assumed.
@@ -78,7 +78,7 @@ def test_kill_9_mid_jobs_loses_nothing_and_runs_killed_jobs_at_most_twice(
     twice = {i for i, n in runs.items() if n == 2}
     assert twice <= running, "only jobs the kill interrupted may run again"
     assert all(runs[i] == 1 for i in done_before)
-    # issue 20 item 2: the death is charged to the jobs the claim started at once; those
+    # the death is charged to the jobs the claim started at once; those
     # claimed ahead of their start got their attempt back (they may never have run)
     charged = {i for i in running if at_kill[i]["charged"]}
     assert charged, "the jobs started at once are charged"

@@ -1,11 +1,16 @@
-"""Scenarios 6 and 8 on the statements themselves (``drainer.db.Queries``): fenced writes
-by a worker that no longer owns a job change nothing, under any interleaving of workers,
-process deaths and the operator's moves (retry, cancel, purge)."""
+"""Fencing: the writes of a worker that no longer owns a job change nothing. On the
+statements themselves (``drainer.db.Queries``), under any interleaving of workers, process
+deaths and the operator's moves (retry, cancel, purge); and through ``drainer run-once``
+processes, a stalled owner's late verdict after the operator retried the job."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,9 +29,17 @@ from psycopg import sql
 
 from drainer.db import QUERIES, Queries, identifiers
 from drainer.ops import purge_batches
-from drainer.producer import enqueue
+from drainer.producer import JobSpec, enqueue, enqueue_many
 from drainer.settings import Settings
-from tests.reliability._helpers import jobs, wait_for
+from tests.conftest import finish, run_cli
+from tests.reliability._helpers import (
+    executions,
+    jobs,
+    run_once,
+    start_drainer,
+    wait_for,
+    wait_leases_expired,
+)
 
 
 def test_slow_workers_late_writes_update_nothing(
@@ -62,6 +75,45 @@ def test_slow_workers_late_writes_update_nothing(
             "failed", 2, "new owner's error")
 
 
+
+def test_retry_never_repeats_the_fence(
+        migrated: Settings, conn: psycopg.Connection[Any], pg_url: str, tmp_path: Path
+) -> None:
+    """A stalled owner (SIGSTOP) whose job was reaped, failed and retried by the operator
+    wakes while a new owner holds it: the new owner's verdict stands, the stalled one's
+    report counts its job lost. A retry that reset the fence would let the old token match."""
+    schema = migrated.schema_name
+    app = "rel_task_options_jobs"
+    enqueue_many(conn, [JobSpec("env_verdict", {"sleep": 2}, max_attempts=1)], schema=schema)
+    (job_id,) = jobs(conn, schema)
+    old = start_drainer(["run-once", "--lease", "1"], pg_url=pg_url, schema=schema,
+                        log_dir=tmp_path, app=app, REL_VERDICT="ok")
+    try:
+        wait_for(lambda: executions(tmp_path), 20, "the first owner to start")
+        os.kill(old.pid, signal.SIGSTOP)
+        wait_leases_expired(conn, schema)
+        # another run reaps it (max_attempts=1: failed), the operator retries it
+        code, _out, err = run_once(pg_url, schema, tmp_path, "--lease", "30", app=app)
+        assert code == 0, err[-2000:]
+        assert jobs(conn, schema)[job_id]["status"] == "failed"
+        p = run_cli(["retry", "--id", str(job_id)], pg_url=pg_url, schema=schema)
+        assert p.returncode == 0, p.stderr
+        new = start_drainer(["run-once", "--lease", "30"], pg_url=pg_url, schema=schema,
+                            log_dir=tmp_path, app=app, REL_VERDICT="fail")
+        wait_for(lambda: len(executions(tmp_path)) >= 2, 20, "the new owner to start")
+    finally:
+        os.kill(old.pid, signal.SIGCONT)
+    code_old, out_old, err_old = finish(old, timeout=30)
+    code_new, out_new, err_new = finish(new, timeout=30)
+    assert (code_old, code_new) == (0, 0), (err_old[-1500:], err_new[-1500:])
+    row = jobs(conn, schema)[job_id]
+    old_report, new_report = json.loads(out_old), json.loads(out_new)
+    assert row["status"] == "failed" and "new owner's verdict" in (row["last_error"] or ""), (
+        f"job {row['status']} ({row['last_error']!r}): the stalled worker's report "
+        f"{old_report}, the new owner's {new_report}")
+    assert new_report["lost"] == 0 and old_report["lost"] == 1
+
+
 WORKERS = 3
 
 
@@ -73,7 +125,7 @@ class _Job:
     priority: int
     due: bool = True
     expired: bool = False
-    fence: int = 0  # the claim's token: +1 at every claim, never reset (issue 20 item 4)
+    fence: int = 0  # the claim's token: +1 at every claim, never reset (not by retry)
     lease_kept: bool = False  # cancelled while running: its lease runs out on its own
     aged: bool = False  # finished long ago (finished_at moved back): an --older-than purges it
 
@@ -222,7 +274,7 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
         @rule(data=st.data())
         def operator_retries(self, data: st.DataObject) -> None:
             """``drainer retry``: failed -> queued, attempts 0; the fence is not reset, so
-            a stalled former owner's token still matches nothing (issue 20 item 4)."""
+            a stalled former owner's token still matches nothing."""
             job_id = data.draw(st.sampled_from(
                 sorted(i for i, m in self.model.items() if m.status == "failed")))
             observer.execute(sql.SQL(QUERIES["retry_many"]).format(

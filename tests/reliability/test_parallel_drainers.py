@@ -1,4 +1,4 @@
-"""Scenario 2: eight ``drainer run-once`` processes at once on 10,000 jobs, four threads each."""
+"""Eight ``drainer run-once`` processes at once on 10,000 jobs, four threads each."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Scenario 7: poison jobs end ``failed`` after max_attempts with a useful last_error, and
+"""Poison jobs end ``failed`` after max_attempts with a useful last_error, and
 the rest of the queue drains around them."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ POISON = {
     "p_unprintable": (2, "failed", "_Unprintable"),
     "p_sysexit": (2, "failed", "SystemExit: 9"),
     "p_base": (2, "failed", "_Fatal: poison: a BaseException that is no Exception"),
-    # a return value is kept as the job's result (issue 17): one no serialiser can handle
+    # a return value is kept as the job's result: one no serialiser can handle
     # fails its job with a clear error, and poisons nothing else
     "p_returns_object": (2, "failed", "ResultError: the handler's return value is not "
                          "JSON-serialisable"),

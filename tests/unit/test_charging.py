@@ -1,6 +1,6 @@
-"""Issue 20 items 1, 2 and 4 without a database: which claims charge an attempt, what a
-reaped job becomes, the fence never repeats, the run_at range (the in-memory fake follows
-queries.sql; the real statements are tested in tests/reliability/test_issue20.py)."""
+"""Without a database: which claims charge an attempt, what a reaped job becomes, the fence
+never repeats, the run_at range (the in-memory fake follows queries.sql; the real statements
+are tested in tests/reliability/: test_charging.py, test_fencing.py, test_undecodable_rows.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ import argparse
 import json
 import logging
 import signal
-import subprocess
 import sys
 import threading
 from datetime import datetime, timezone
@@ -119,29 +118,6 @@ def test_stop_on_signals_without_again_reports_each_signal() -> None:
         signal.raise_signal(signal.SIGTERM)
         signal.raise_signal(signal.SIGTERM)
     assert seen == ["SIGTERM", "SIGTERM"] and stop.is_set()
-
-
-# The main thread waiting in stop.wait() holds the event's (non-reentrant) lock for a moment
-# each time it wakes; Python runs a signal handler between two bytecodes of that thread, so
-# a signal in that moment ran stop.set() with the lock held by the same thread. Here the
-# moment is made to last: raise_signal runs the Python handler before it returns. In a
-# process of its own, since the old code hangs for good.
-_SIGNAL_WHILE_THE_EVENT_IS_LOCKED = """
-import signal, sys, threading
-from drainer._signals import stop_on_signals
-stop = threading.Event()
-with stop_on_signals(stop, lambda name: print("first", name, flush=True)):
-    with stop._cond:
-        signal.raise_signal(signal.SIGINT)
-    print("set" if stop.wait(10) else "not set", flush=True)
-"""
-
-
-def test_a_signal_while_the_main_thread_holds_the_stop_events_lock_does_not_hang() -> None:
-    proc = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_THE_EVENT_IS_LOCKED],
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["first SIGINT", "set"]
 
 
 def test_a_handler_that_fails_does_not_stop_the_next_signal_being_handled(

@@ -1,4 +1,4 @@
-"""Job control's Python surface (issue 17): Snooze, Retry, @task options, results."""
+"""Job control's Python surface: Snooze, Retry, @task options, results."""
 
 from __future__ import annotations
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from itertools import pairwise
 from zoneinfo import ZoneInfo
@@ -11,7 +9,6 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from drainer.cron import iter_fire_times, next_fire_times, parse_cron
-from drainer.wake_schedule import WakeSchedule
 
 UTC = timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -50,10 +47,13 @@ def test_zero_seven_and_the_name_are_sunday(dow: str) -> None:
     ("1-5", {"Mon", "Tue", "Wed", "Thu", "Fri"}),
     ("mon-fri", {"Mon", "Tue", "Wed", "Thu", "Fri"}),
     ("sat,sun", {"Sat", "Sun"}),
+    ("6,0", {"Sat", "Sun"}),
+    ("0-2", {"Sun", "Mon", "Tue"}),
     ("5-7", {"Fri", "Sat", "Sun"}),
     ("fri-sun", {"Fri", "Sat", "Sun"}),
     ("*/2", {"Sun", "Tue", "Thu", "Sat"}),
     ("1/3", {"Mon", "Thu", "Sun"}),
+    ("*", {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"}),
 ])
 def test_weekday_ranges_and_steps(dow: str, days: set[str]) -> None:
     fires = next_fire_times(f"0 3 * * {dow}", UTC, NOW, 21)
@@ -169,15 +169,6 @@ def test_a_whole_year_in_berlin_hourly_and_daily() -> None:
     assert all(g > 0 for g in gaps(daily))
 
 
-def test_wake_schedule_min_gap_across_fall_back() -> None:
-    # the old listing looped on 02:30 CET and reported a 0 s gap; the night of the change
-    # is 25 h long, the shortest gap of the week is still a day
-    wakes = WakeSchedule(cron="30 2 * * *", timezone=BERLIN)
-    assert wakes.min_gap(FALL_EVE) == 86400
-    assert gaps(wakes.next_wakes(2, FALL_EVE)) == [25 * 3600]
-    assert WakeSchedule(cron="0 * * * *", timezone=BERLIN).min_gap(FALL_EVE) == 3600
-
-
 # -- the same wakes as APScheduler's CronTrigger where there is no DST ----------------------------
 
 
@@ -198,13 +189,3 @@ def test_same_fires_as_apscheduler_in_utc(expr: str, dow: str) -> None:
         theirs.append(nxt)
         prev = nxt + timedelta(microseconds=1)
     assert next_fire_times(expr, UTC, NOW - timedelta(microseconds=1), 60) == theirs
-
-
-def test_cron_and_the_wake_schedule_import_no_apscheduler() -> None:
-    code = ("import sys, datetime as d, drainer.cron as c, drainer.wake_schedule as w\n"
-            "c.next_fire_times('0 3 * * 0', d.timezone.utc, d.datetime.now(d.timezone.utc), 3)\n"
-            "w.WakeSchedule(cron='@daily', timezone=d.timezone.utc).min_gap()\n"
-            "print(sorted(m for m in sys.modules if m.startswith('apscheduler')))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "[]"

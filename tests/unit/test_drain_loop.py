@@ -490,8 +490,8 @@ def test_a_long_turn_of_the_event_loop_hands_back_its_outcomes_a_share_at_a_time
 
 def test_wait_takes_what_is_queued_once_it_has_enough_not_what_keeps_coming() -> None:
     """With outcomes arriving as fast as they are taken (1,000 tasks ending a few a turn),
-    wait() returns once it has ``want`` and what was queued then: it used to take until
-    the queue ran empty, holding the drain loop and the refilling claim meanwhile."""
+    wait() returns once it has ``want`` and what was queued then: taking until the queue
+    ran empty would hold the drain loop and the refilling claim meanwhile."""
     import queue as queue_mod
 
     from drainer.db import ClaimedRow

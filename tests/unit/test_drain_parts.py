@@ -403,7 +403,7 @@ def test_a_local_database_on_a_busy_disk_keeps_the_batch_size() -> None:
     """Claims of 5 ms locally (their commits wait for the WAL flush): one fast Sync says
     local, for the rest of the drain; the batch size and the claims in flight stay."""
     clock = _timed_clock(0.005)
-    today = _timed_clock(0.005, probing=False)  # as before Syncs were timed
+    today = _timed_clock(0.005, probing=False)  # a clock that times no Syncs
     assert clock.wants_probe()
     clock.link_round_trip(0.003)  # one slow Sync (a burst of load) does not decide
     assert clock.wants_probe() and clock.linked is None
@@ -414,7 +414,7 @@ def test_a_local_database_on_a_busy_disk_keeps_the_batch_size() -> None:
     for rtt in (0.0003, 0.0001):  # claims faster than a link could be: no Sync at all
         fast = _timed_clock(rtt)
         assert not fast.wants_probe() and not fast.far() and fast.adapted(10, 1024) == 10
-    # without Syncs (no libpq pipeline mode), only claims of 8 ms or more grow, as before
+    # without Syncs (no libpq pipeline mode), only claims of 8 ms or more grow
     assert _timed_clock(0.0025, probing=False).adapted(10, 1024) == 10
     assert not _timed_clock(0.0025, probing=False).wants_probe()
 

@@ -1,13 +1,15 @@
-"""drainer.waking: the idle timeout, the polling rule, awake estimates, the known-work policy."""
+"""drainer.waking: the idle timeout, the polling rule, awake estimates, and the known-work
+policy (WakeState): each reason to wake and each skip."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from drainer.drain import RunReport
+from drainer.drain.report import RunReport
 from drainer.errors import ConfigError
 from drainer.waking import (
     ASSUMED_IDLE_TIMEOUT_S,
@@ -92,9 +94,14 @@ def test_estimates() -> None:
     assert "never suspends" in estimate_interval(900, 0, NEVER, None).describe()
 
 
-def _report(remaining_due: int = 0, next_due_at: str | None = None) -> RunReport:
+def report(remaining_due: int = 0, next_due_at: float | None = None) -> RunReport:
     return RunReport(run_id="x", queues=["q"], remaining_due=remaining_due,
-                     next_due_at=next_due_at)
+                     next_due_at=None if next_due_at is None
+                     else datetime.fromtimestamp(next_due_at, timezone.utc).isoformat())
+
+
+def done(state: WakeState, at: float, **kw: Any) -> None:
+    state.run_ended(report(**kw), state.run_started(), at)
 
 
 def test_known_work_with_an_injected_clock() -> None:
@@ -111,27 +118,12 @@ def test_known_work_with_an_injected_clock() -> None:
         if wake:
             wakes.append((clock() - T0, why.split(":")[0]))
             seen = state.run_started()
-            state.run_ended(_report(), seen, clock.advance(2.0))  # a 2 s drain
+            state.run_ended(report(), seen, clock.advance(2.0))  # a 2 s drain
     times = [at for at, _ in wakes]
     assert wakes[:3] == [(0, "start"), (3610, "safety net"), (5000, "trigger")]
     # then one wake per --max-sleep after the last run ended: 8610, 12220, ... 84420
     assert times[3:5] == [8610, 12220] and times[-1] == 84420
     assert {why for _, why in wakes[3:]} == {"safety net"} and len(wakes) == 3 + 22
-
-
-def test_known_work_holds_a_due_retry_until_the_idle_timeout_has_passed() -> None:
-    from datetime import datetime, timezone
-
-    clock = Clock()
-    state = WakeState(idle_s=300, max_sleep_s=3600)
-    due = datetime.fromtimestamp(T0 + 60, timezone.utc).isoformat()
-    state.run_ended(_report(next_due_at=due), state.run_started(), clock())
-    clock.advance(120)
-    wake, why = state.decide(clock())
-    assert not wake and "held until" in why
-    clock.advance(180)
-    wake, why = state.decide(clock())  # 300 s after the run: the compute went quiet then
-    assert wake and why.startswith("retry due")
 
 
 def test_a_scheduled_tick_reads_the_injected_clock() -> None:
@@ -144,10 +136,91 @@ def test_a_scheduled_tick_reads_the_injected_clock() -> None:
     clock = Clock()
     runner = _Runner(None, None, threading.Event(), NEON, False, None,  # type: ignore[arg-type]
                      policy="known-work", max_sleep=3600, clock=clock)
-    runner.state.run_ended(_report(), runner.state.run_started(), clock())
+    runner.state.run_ended(report(), runner.state.run_started(), clock())
     clock.advance(3599)
     runner()
     assert runner.runs == 0
     clock.advance(1)
     runner()  # the safety net: a run starts (run_once(None) fails, which is logged)
     assert runner.runs == 1 and runner.state.last_end == clock()
+
+
+# -- WakeState.decide: each reason to wake under --wake-policy known-work, and each skip
+
+
+def test_a_new_process_drains_in_full_then_sleeps() -> None:
+    s = WakeState(idle_s=20, max_sleep_s=3600)
+    assert s.decide(T0) == (True, "start: one full drain (a new process knows nothing)")
+    done(s, T0)
+    wake, why = s.decide(T0 + 100)
+    assert not wake and why.startswith("no known work")
+
+
+def test_a_failed_first_run_is_retried_at_the_next_tick() -> None:
+    s = WakeState(idle_s=20, max_sleep_s=3600)
+    s.run_started()
+    s.run_failed(T0)
+    assert s.decide(T0 + 1)[0] and "failed" in s.decide(T0 + 1)[1]
+
+
+def test_trigger_since_the_last_complete_drain() -> None:
+    s = WakeState(idle_s=20, max_sleep_s=3600)
+    done(s, T0)
+    s.note_trigger()
+    wake, why = s.decide(T0 + 1)
+    assert wake and why.startswith("trigger: 1 trigger")
+    # a run that started after the trigger serves it
+    done(s, T0 + 2)
+    assert not s.decide(T0 + 3)[0]
+
+
+def test_a_trigger_during_a_run_is_not_served_by_it() -> None:
+    s = WakeState(idle_s=20, max_sleep_s=3600)
+    done(s, T0)
+    seen = s.run_started()
+    s.note_trigger()  # arrives while the run is going: its job may be after the last claim
+    s.run_ended(report(), seen, T0 + 5)
+    assert s.decide(T0 + 6) == (True, "trigger: 1 trigger since the last complete drain")
+
+
+def test_a_failed_run_keeps_the_trigger_pending() -> None:
+    s = WakeState(idle_s=20, max_sleep_s=3600)
+    done(s, T0)
+    s.note_trigger()
+    s.run_started()
+    s.run_failed(T0 + 1)
+    assert s.decide(T0 + 2)[1].startswith("trigger")
+
+
+def test_due_work_left() -> None:
+    s = WakeState(idle_s=20, max_sleep_s=3600)
+    done(s, T0, remaining_due=7)
+    assert s.decide(T0 + 0.5) == (True, "due work left: the last run stopped with 7 due jobs")
+
+
+def test_a_due_retry_waits_for_the_idle_timeout_after_the_last_run() -> None:
+    s = WakeState(idle_s=20, max_sleep_s=3600)
+    done(s, T0, next_due_at=T0 + 5)
+    wake, why = s.decide(T0 + 4)  # not due yet
+    assert not wake and "next job due" in why
+    wake, why = s.decide(T0 + 6)  # due, but the compute went quiet only 6 s ago
+    assert not wake and "held until" in why
+    wake, why = s.decide(T0 + 19.9)
+    assert not wake
+    wake, why = s.decide(T0 + 20)
+    assert wake and why.startswith("retry due")
+
+
+def test_a_retry_due_after_the_idle_timeout_wakes_when_due() -> None:
+    s = WakeState(idle_s=20, max_sleep_s=3600)
+    done(s, T0, next_due_at=T0 + 100)
+    assert not s.decide(T0 + 99)[0]
+    assert s.decide(T0 + 100)[0]
+
+
+def test_safety_net() -> None:
+    s = WakeState(idle_s=20, max_sleep_s=600)
+    done(s, T0)
+    assert not s.decide(T0 + 599)[0]
+    wake, why = s.decide(T0 + 600)
+    assert wake and why.startswith("safety net: 10.0 min since the last run")

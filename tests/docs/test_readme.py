@@ -1,6 +1,6 @@
 """The README and the docs stay in step with the code: every setting (flag, variable,
-default) and every command is documented, the README stays a front door, and the pages
-the README used to hold still have their sections."""
+default), command and run report key is documented, every documented command line parses,
+the README's links resolve and it stays a front door to docs/."""
 
 from __future__ import annotations
 
@@ -87,31 +87,9 @@ def test_every_command_is_documented() -> None:
     assert not missing, missing
 
 
-@pytest.mark.parametrize(("page", "heading"), [
-    ("README.md", "## Quick start"),
-    ("docs/waking.md", "Keeping the compute asleep"),
-    ("docs/guarantees.md", "# Guarantees"),
-    ("docs/deploy.md", "# Deploy"),
-    ("docs/performance.md", "# Performance"),
-    ("docs/operations.md", "Running on Neon"),
-    ("docs/operations.md", "Running on Aurora Serverless v2"),
-    ("docs/operations.md", "Behind PgBouncer or Supavisor"),
-    ("docs/operations.md", "Adopting a jobs table made from *Postgres as a job queue*"),
-    ("docs/handlers.md", "Writing idempotent handlers"),
-    ("docs/faq.md", "Operator's FAQ"),
-    ("docs/configuration.md", "# Configuration"),
-])
-def test_required_sections(page: str, heading: str) -> None:
-    assert heading in (ROOT / page).read_text(), heading
-
-
-def test_the_readme_is_a_front_door() -> None:
+def test_the_readme_stays_a_front_door() -> None:
+    """Details live in docs/ (every page linked from the README, checked below)."""
     assert len(README.splitlines()) <= 300
-    for gone in ("Targets (issue", "What made the difference", "#### Real runs"):
-        assert gone not in README, gone
-    for heading in ("## Quick start", "## Installing into your project",
-                    "## Five-minute tutorial", "## Documentation"):
-        assert f"\n{heading}\n" in README, heading
 
 
 def test_the_quick_start_commands_are_kept_exactly() -> None:
@@ -199,6 +177,31 @@ def test_every_run_report_key_is_documented() -> None:
     text = (DOCS / "how-it-works.md").read_text()
     section = text[text.index("## The run report"):text.index("## The jobs table")]
     missing = [f.name for f in dataclasses.fields(RunReport) if f"`{f.name}`" not in section]
+    assert not missing, missing
+
+
+_CITED_TEST = re.compile(r"\b((?:tests/[\w/]+/)?(test_\w+\.py))(?:::(test_\w+))?")
+
+
+def test_every_test_the_docs_cite_exists() -> None:
+    """The guarantees table and the other pages name the tests that show each claim: a
+    test renamed, moved or merged leaves no citation of nothing behind."""
+    defined: dict[str, set[str]] = {}
+    for f in (ROOT / "tests").rglob("test_*.py"):
+        names = re.findall(r"^(?:async )?def (test_\w+)", f.read_text(), flags=re.M)
+        defined.setdefault(f.name, set()).update(names)
+    cited = 0
+    missing = []
+    for page in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted(DOCS.glob("*.md"))]:
+        for m in _CITED_TEST.finditer(page.read_text()):
+            path, name, test = m.groups()
+            cited += 1
+            if name not in defined or (path.startswith("tests/")
+                                       and not (ROOT / path).is_file()):
+                missing.append(f"{page.name}: {path}")
+            elif test is not None and test not in defined[name]:
+                missing.append(f"{page.name}: {name}::{test}")
+    assert cited >= 30
     assert not missing, missing
 
 

@@ -1,73 +1,51 @@
-"""Cron strings mean what cron means; the wake schedule's checks and estimates."""
+"""drainer.wake_schedule: when a schedule wakes (interval or cron, in its time zone), the
+schedules refused for keeping the compute awake, the max runtime of a run, awake
+estimates; and the scheduler's trigger and its pulling a wake earlier."""
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timedelta, timezone
+from itertools import pairwise
 from zoneinfo import ZoneInfo
 
 import pytest
 
+from drainer.drain.report import RunReport
 from drainer.errors import ConfigError
-from drainer.scheduler import WakeSchedule
-from drainer.wake_schedule import check_schedule, known_work_wakes
+from drainer.scheduler import _Runner, wake_trigger
+from drainer.wake_schedule import WakeSchedule, check_schedule, known_work_wakes
 from drainer.waking import DEFAULT_MAX_RUNTIME_CAP_S, IdleTimeout
 
 UTC = timezone.utc
+BERLIN = ZoneInfo("Europe/Berlin")
 # A Wednesday.
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+# Europe/Berlin 2026: clocks go back 25 October 03:00 CEST -> 02:00 CET.
+FALL_EVE = datetime(2026, 10, 24, 12, 0, tzinfo=BERLIN)
 NEON = IdleTimeout(300.0, "--platform neon")
 
 
-def fires(expr: str, n: int = 10, now: datetime = NOW) -> list[datetime]:
-    return WakeSchedule(cron=expr, timezone=UTC).next_wakes(n, now)
+def test_the_trigger_the_scheduler_runs_fires_when_the_listing_says() -> None:
+    wakes = WakeSchedule(cron="0 3 * * 0", timezone=UTC)
+    first = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)  # the Sunday after NOW
+    assert wakes.next_wakes(1, NOW) == [first]
+    assert wake_trigger(wakes).get_next_fire_time(None, NOW) == first
 
 
-def test_zero_is_sunday_and_the_trigger_fires_on_a_sunday() -> None:
-    wakes = fires("0 3 * * 0", 5)
-    assert len(wakes) == 5
-    assert all(w.weekday() == 6 and (w.hour, w.minute) == (3, 0) for w in wakes)  # Sunday
-    assert wakes[0] == datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
-    # the trigger APScheduler runs (not only our listing) agrees
-    trig = WakeSchedule(cron="0 3 * * 0", timezone=UTC).trigger()
-    assert trig.get_next_fire_time(None, NOW).strftime("%A") == "Sunday"
+def test_cron_wakes_are_in_the_schedules_time_zone() -> None:
+    berlin = WakeSchedule(cron="0 3 * * *", timezone=BERLIN)
+    assert berlin.next_wakes(1, NOW)[0].isoformat() == "2026-11-26T03:00:00+01:00"
 
 
-@pytest.mark.parametrize("expr", ["0 3 * * 7", "0 3 * * sun", "0 3 * * SUN"])
-def test_seven_and_names_are_sunday_too(expr: str) -> None:
-    assert {w.strftime("%a") for w in fires(expr, 4)} == {"Sun"}
-
-
-@pytest.mark.parametrize("dow, days", [
-    ("1-5", {"Mon", "Tue", "Wed", "Thu", "Fri"}),
-    ("mon-fri", {"Mon", "Tue", "Wed", "Thu", "Fri"}),
-    ("6,0", {"Sat", "Sun"}),
-    ("5-7", {"Fri", "Sat", "Sun"}),
-    ("fri-sun", {"Fri", "Sat", "Sun"}),
-    ("0-2", {"Sun", "Mon", "Tue"}),
-    ("*/2", {"Sun", "Tue", "Thu", "Sat"}),
-    ("1/3", {"Mon", "Thu", "Sun"}),
-    ("*", {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"}),
-])
-def test_weekday_fields(dow: str, days: set[str]) -> None:
-    assert {w.strftime("%a") for w in fires(f"0 3 * * {dow}", 21)} == days
-
-
-def test_day_of_month_or_day_of_week_as_in_cron() -> None:
-    # cron: both restricted -> either matches (the 1st, and every Monday)
-    wakes = fires("0 3 1 * mon", 6)
-    assert all(w.day == 1 or w.strftime("%a") == "Mon" for w in wakes)
-    assert datetime(2026, 12, 1, 3, 0, tzinfo=UTC) in wakes  # a Tuesday, the 1st
-    assert datetime(2026, 11, 30, 3, 0, tzinfo=UTC) in wakes  # a Monday
-    # one of them '*': the other alone decides
-    assert {w.day for w in fires("0 3 1 * *", 3)} == {1}
-
-
-def test_macros_and_time_zone() -> None:
-    assert fires("@daily", 2) == [datetime(2026, 11, 26, tzinfo=UTC),
-                                  datetime(2026, 11, 27, tzinfo=UTC)]
-    berlin = WakeSchedule(cron="0 3 * * *", timezone=ZoneInfo("Europe/Berlin"))
-    first = berlin.next_wakes(1, NOW)[0]
-    assert first.isoformat() == "2026-11-26T03:00:00+01:00"
+def test_the_shortest_gap_across_fall_back_is_a_day() -> None:
+    # 02:30 happens twice on the night of the change; the schedule wakes at the first
+    # (a 25 h gap), and the shortest gap of the week is still a day, not 0 s
+    wakes = WakeSchedule(cron="30 2 * * *", timezone=BERLIN)
+    assert wakes.min_gap(FALL_EVE) == 86400
+    assert [b.timestamp() - a.timestamp()
+            for a, b in pairwise(wakes.next_wakes(2, FALL_EVE))] == [25 * 3600]
+    assert WakeSchedule(cron="0 * * * *", timezone=BERLIN).min_gap(FALL_EVE) == 3600
 
 
 @pytest.mark.parametrize("expr", ["0 3 * * 8", "0 3 * *", "0 3 * * funday", "0 3 * * 5-1",
@@ -140,7 +118,7 @@ def test_awake_estimate_cron_merges_close_wakes() -> None:
 
 
 def test_interval_jitter_only_delays() -> None:
-    trig = WakeSchedule(interval=10, jitter=5, timezone=UTC).trigger()
+    trig = wake_trigger(WakeSchedule(interval=10, jitter=5, timezone=UTC))
     gaps = []
     prev = NOW
     for _ in range(200):
@@ -175,13 +153,8 @@ class _FakeScheduler:
     (None, 0, None),  # nothing waiting
     (None, 3, NOW + timedelta(seconds=300)),  # a limit left due work
 ])
-def test_pull_earlier(next_due: datetime | None, remaining: int,
+def test_a_run_pulls_the_next_wake_earlier_for_due_work(next_due: datetime | None, remaining: int,
                       expected: datetime | None) -> None:
-    import threading
-
-    from drainer.drain import RunReport
-    from drainer.scheduler import _Runner
-
     runner = _Runner(None, None, threading.Event(), NEON, True, None)  # type: ignore[arg-type]
     fake = _FakeScheduler(NOW + timedelta(seconds=900))
     runner.scheduler = fake
@@ -198,3 +171,18 @@ def test_known_work_wakes_for_occurrences_and_the_safety_net_only() -> None:
     day = 86400.0
     wakes = known_work_wakes([3 * 3600.0], 6 * 3600, 0, day)
     assert wakes == [0, 3 * 3600, 9 * 3600, 15 * 3600, 21 * 3600]
+
+
+def test_known_work_checks_max_sleep_not_the_tick_interval() -> None:
+    idle = IdleTimeout(20, "--idle-timeout")
+    ticks = WakeSchedule(interval=1.0)
+    with pytest.raises(ConfigError, match="--interval"):
+        check_schedule(ticks, idle, None, allow_always_on=False)
+    assert check_schedule(ticks, idle, None, allow_always_on=False, policy="known-work",
+                          max_sleep=600) == 300
+    with pytest.raises(ConfigError, match="--max-sleep 10 s is not longer"):
+        check_schedule(ticks, idle, None, allow_always_on=False, policy="known-work",
+                       max_sleep=10)
+    with pytest.raises(ConfigError, match="--max-runtime"):
+        check_schedule(ticks, idle, 600, allow_always_on=False, policy="known-work",
+                       max_sleep=600)

@@ -10,10 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
-from tests.deploy._paths import ROOT
+from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"
 
@@ -47,8 +46,6 @@ def test_the_site_is_strict_and_every_page_is_in_the_navigation() -> None:
 
 
 def test_mkdocs_build_strict(tmp_path: Path) -> None:
-    pytest.importorskip("mkdocs", reason="the docs extra (part of the test extra)")
-    pytest.importorskip("material", reason="the docs extra (part of the test extra)")
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     started = time.monotonic()

@@ -1,7 +1,7 @@
 """serve's defences against slow and idle connections: a deadline on the request headers,
-and a cap on open connections so 300 slow unauthenticated clients do not hold 300
-threads; at the cap a new connection takes the slot of the one waiting longest for its
-headers, so a flood of them cannot lock out health checks."""
+and a cap on open connections so 300 slow unauthenticated clients do not hold 300 threads;
+at the cap a new connection takes the slot of the one waiting longest for its headers, so a
+flood of them cannot lock out health checks."""
 
 from __future__ import annotations
 

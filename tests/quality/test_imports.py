@@ -128,3 +128,13 @@ def test_the_parser_loads_neither_apscheduler_nor_http() -> None:
         "'drainer.ops', 'drainer.queue_limits', 'drainer._text') "
         "and not m.startswith('drainer.cli')))\n")
     assert out == "[]"
+
+
+def test_cron_and_the_wake_schedule_import_no_apscheduler() -> None:
+    """--dry-run and the wake estimates need cron's fire times, not the scheduler."""
+    out = _fresh(
+        "import sys, datetime as d, drainer.cron as c, drainer.wake_schedule as w\n"
+        "c.next_fire_times('0 3 * * 0', d.timezone.utc, d.datetime.now(d.timezone.utc), 3)\n"
+        "w.WakeSchedule(cron='@daily', timezone=d.timezone.utc).min_gap()\n"
+        "print(sorted(m for m in sys.modules if m.startswith('apscheduler')))\n")
+    assert out == "[]"
