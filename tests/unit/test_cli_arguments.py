@@ -16,10 +16,9 @@ def _forget_secrets() -> Iterator[None]:
     """main() remembers the tokens these tests set: forget them afterwards."""
     from drainer import _redact
 
-    saved = set(_redact._secrets)
+    saved = _redact._secrets
     yield
-    _redact._secrets.clear()
-    _redact._secrets.update(saved)
+    _redact._secrets = saved
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -115,7 +115,7 @@ def test_redact() -> None:
 def test_a_short_secret_is_masked_only_where_it_stands_alone() -> None:
     from drainer import _redact
 
-    saved = set(_redact._secrets)
+    saved = _redact._secrets
     try:
         _redact.remember_secret("x")
         _redact.remember_secret("e")
@@ -124,8 +124,7 @@ def test_a_short_secret_is_masked_only_where_it_stands_alone() -> None:
         _redact.remember_secret("a-long-secret-token")
         assert _redact.redact("tokena-long-secret-tokenz") == "token***z"
     finally:
-        _redact._secrets.clear()
-        _redact._secrets.update(saved)
+        _redact._secrets = saved
 
 
 @pytest.mark.parametrize("driver", ["psycopg", "asyncpg", "psycopg2", "PSYCOPG"])
