@@ -28,16 +28,15 @@ def configure_retry(sub: Any) -> None:
                     retry_command, description=(
                         "Put failed jobs back in the queue: status queued, attempts 0, due "
                         "now (last_error is kept until the job runs again). Give exactly one "
-                        "of --id, --queue, --all-failed. Jobs whose dedup key is now held by "
+                        "of: job ids (drainer retry 7 8, or --id 7 8), --queue, --all-failed. Jobs whose dedup key is now held by "
                         "a queued or running job, and jobs cancelled while running whose "
                         "owner's lease has not run out yet, are skipped and counted; nothing "
-                        "else is touched. Prints the counts; exit 1 when none of the --id "
+                        "else is touched. Prints the counts; exit 1 when none of the ids "
                         "given exists."))
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
-                       action="extend", help="These failed jobs (ids that are not failed "
-                       "are counted as not_failed / not_found and left alone; unknown ids "
-                       "are named on stderr, exit 1 when none of them exists).")
+    _add_ids(which, "These failed jobs (ids that are not failed are counted as not_failed / "
+             "not_found and left alone; unknown ids are named on stderr, exit 1 when none "
+             "of them exists).")
     which.add_argument("--queue", dest="job_queue", metavar="QUEUE",
                        help="Every failed job of this queue.")
     which.add_argument("--all-failed", action="store_true",
@@ -50,14 +49,16 @@ def configure_retry(sub: Any) -> None:
 def retry_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import retry_jobs
 
-    report = retry_jobs(settings, ids=args.ids, queue=args.job_queue,
+    ids = _ids_given(args)
+    report = retry_jobs(settings, ids=ids, queue=args.job_queue,
                         all_failed=args.all_failed, dry_run=args.dry_run)
     emit(report, render_counts, as_json=args.json)
-    return _ids_not_found("retry", args.ids, report, settings)
+    return _ids_not_found("retry", ids, report, settings)
 
 
 def configure_cancel(sub: Any) -> None:
-    p = add_command(sub, "cancel", "Cancel queued or running jobs by id.", cancel_command,
+    p = add_command(sub, "cancel", "Cancel queued or running jobs by id (drainer cancel 7 8).",
+                    cancel_command,
                     description=(
                         "Cancel jobs: queued and running jobs become failed with last_error "
                         "'cancelled'. A running job's owner notices at its next heartbeat "
@@ -67,10 +68,9 @@ def configure_cancel(sub: Any) -> None:
                         "left alone; jobs locked by a transaction (a transaction-mode job in "
                         "flight) are counted as busy. Prints the counts; exit 1 when none "
                         "of the ids given exists."))
-    p.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
-                   action="extend", required=True, help="The jobs to cancel (unknown ids are "
-                   "counted as not_found and named on stderr; exit 1 when none of them "
-                   "exists).")
+    _add_ids(p.add_mutually_exclusive_group(required=True), "The jobs to cancel (unknown "
+             "ids are counted as not_found and named on stderr; exit 1 when none of them "
+             "exists).")
     p.add_argument("--dry-run", action="store_true",
                    help="Report what would be cancelled; change nothing.")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -79,9 +79,25 @@ def configure_cancel(sub: Any) -> None:
 def cancel_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import cancel_jobs
 
-    report = cancel_jobs(settings, args.ids, dry_run=args.dry_run)
+    ids = _ids_given(args)
+    report = cancel_jobs(settings, ids or [], dry_run=args.dry_run)
     emit(report, render_counts, as_json=args.json)
-    return _ids_not_found("cancel", args.ids, report, settings)
+    return _ids_not_found("cancel", ids, report, settings)
+
+
+def _add_ids(group: argparse._MutuallyExclusiveGroup, help_text: str) -> None:
+    """The job ids, positional (``drainer retry 7 8``, as ``drainer show 7``) or with
+    ``--id 7 8``: one form or the other."""
+    # default=[]: argparse counts a positional that got nothing as given unless its value
+    # is the default itself, and the group would refuse --queue beside it
+    group.add_argument("id_args", metavar="ID", type=job_id, nargs="*", default=[],
+                       help=help_text)
+    group.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
+                       action="extend", help="The same ids as a flag.")
+
+
+def _ids_given(args: argparse.Namespace) -> list[int] | None:
+    return list(args.id_args) or args.ids
 
 
 def _ids_not_found(command: str, ids: list[int] | None, report: dict[str, Any],

@@ -116,7 +116,12 @@ def test_dry_runs_change_nothing(migrated: Settings, conn: Conn, pg_url: str,
     ["retry", "--queue", "a", "--all-failed"],
     ["retry", "--id", "1", "--queue", "a"],
     ["retry", "--id", "0"],
+    ["retry", "1", "--queue", "a"],
+    ["retry", "1", "--id", "2"],
+    ["retry", "0"],
     ["cancel"],
+    ["cancel", "1", "--id", "2"],
+    ["cancel", "x"],
     ["cancel", "--id", "x"],
     ["purge", "--older-than", "7d"],
     ["purge", "--status", "done"],
@@ -253,6 +258,24 @@ def test_retry_and_cancel_of_unknown_ids_name_them_and_exit_1_when_none_exists(
         assert json.loads(p.stdout)["not_found"] == 1
     p = run_cli(["cancel", "--id", str(failed)], pg_url=pg_url, schema=schema)
     assert p.returncode == 0 and _said(p.stderr) == []  # found, finished: no warning
+
+
+def test_retry_and_cancel_take_the_ids_positionally_as_show_does(
+        migrated: Settings, conn: Conn, pg_url: str, schema: str) -> None:
+    failed = add(conn, migrated, "mail", 2, status="failed")
+    queued = add(conn, migrated, "mail", 2)
+    shown = ok_json(["show", str(failed[0])], pg_url, schema)
+    assert shown["status"] == "failed"
+    retried = ok_json(["retry", *map(str, failed)], pg_url, schema)
+    assert retried["retried"] == 2 and retried["retried_ids"] == failed
+    cancelled = ok_json(["cancel", str(queued[0]), str(queued[1]), "--dry-run"], pg_url,
+                        schema)
+    assert cancelled["cancelled"] == 2 and cancelled["dry_run"]
+    cancelled = ok_json(["cancel", str(queued[0])], pg_url, schema)
+    assert cancelled["cancelled_ids"] == [queued[0]]
+    assert row(conn, migrated, queued[1])["status"] == "queued"
+    # the flag form as before
+    assert ok_json(["cancel", "--id", str(queued[1])], pg_url, schema)["cancelled"] == 1
 
 
 def _said(stderr: str) -> list[str]:
