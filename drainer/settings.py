@@ -48,6 +48,9 @@ def parse_duration(value: Any) -> Any:
     if isinstance(value, str):
         m = _DURATION.match(value)
         if not m:
+            if _DURATION.match(value.strip().removeprefix("-")):
+                raise ValueError(f"not a duration: {value!r} (a duration is never negative: "
+                                 "use seconds or 30s, 15m, 12h, 7d)")
             raise ValueError(f"not a duration: {value!r} (use seconds or 30s, 15m, 12h, 7d)")
         return float(m.group("n")) * _UNIT_S[(m.group("unit") or "s").lower()]
     return value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -50,12 +51,44 @@ TITLES = {"db": "database and logging", "run": "drain", "enqueue": "enqueue",
           "schedule": "wake policy", "app": "app", "fleet": "fleet of tenant databases"}
 
 
+#: A negative value (``-5m``, ``-1.5h``, ``-30``), never a flag: no flag starts with a digit.
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {redact(message)} (see {self.prog} --help)\n")
         raise SystemExit(EXIT_USAGE)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        if args is not None:  # each command's parser gets its own arguments here
+            args = self._negative_values_attached(list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _negative_values_attached(self, args: list[str]) -> list[str]:
+        """``--max-runtime -5m`` as ``--max-runtime=-5m``: argparse takes ``-5m`` for a
+        flag ("expected one argument") and only the ``=`` form reached the value's own
+        check; both forms now get the one message that says what is wrong with it."""
+        out: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                out.extend(args[i:])
+                break
+            action = self._option_string_actions.get(arg)
+            if (action is not None and action.nargs is None and i + 1 < len(args)
+                    and _NEGATIVE_VALUE.match(args[i + 1])):
+                out.append(f"{arg}={args[i + 1]}")
+                i += 2
+                continue
+            out.append(arg)
+            i += 1
+        return out
 
     def parse_command_line(self, argv: Sequence[str],
                            commands: dict[str, argparse.ArgumentParser]) -> argparse.Namespace:

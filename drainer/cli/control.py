@@ -28,8 +28,9 @@ def configure_retry(sub: Any) -> None:
                     retry_command, description=(
                         "Put failed jobs back in the queue: status queued, attempts 0, due "
                         "now (last_error is kept until the job runs again). Give exactly one "
-                        "of: job ids (drainer retry 7 8, or --id 7 8), --queue, --all-failed. Jobs whose dedup key is now held by "
-                        "a queued or running job, and jobs cancelled while running whose "
+                        "of: job ids (drainer retry 7 8, or --id 7 8), --queue, --all-failed. "
+                        "Jobs whose dedup key is now held by a queued or running job, and "
+                        "jobs cancelled while running whose "
                         "owner's lease has not run out yet, are skipped and counted; nothing "
                         "else is touched. Prints the counts; exit 1 when none of the ids "
                         "given exists."))

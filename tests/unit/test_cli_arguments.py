@@ -116,3 +116,32 @@ def test_serve_and_schedule_take_both_address_forms() -> None:
         addr("serve", "--listen", ":9000", "--port", "9001")
     with pytest.raises(ConfigError, match="--host needs --port"):
         addr("schedule", "--host", "0.0.0.0")
+
+
+@pytest.mark.parametrize("command, flag", [
+    (["run-once"], "--max-runtime"),
+    (["run-once"], "--lease"),
+    (["purge", "--status", "done"], "--older-than"),
+    (["enqueue", "q", "{}"], "--delay"),
+    (["schedule"], "--interval"),
+])
+def test_a_negative_duration_gets_one_message_with_or_without_equals(
+        command: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    said = []
+    for value in ([flag, "-5m"], [f"{flag}=-5m"]):
+        try:
+            code = main([*command, "--database-url", "postgresql://h/db", *value])
+        except SystemExit as exit_:
+            code = int(exit_.code or 0)
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        said.append(err)
+    assert said[0] == said[1]
+    assert "not a duration: '-5m' (a duration is never negative" in said[0], said[0]
+
+
+def test_a_negative_number_still_reaches_a_flag_that_takes_one() -> None:
+    args = build_parser().parse_args(["enqueue", "q", "{}", "--priority", "-5"])
+    assert args.priority == -5
+    args = build_parser().parse_args(["enqueue", "q", "--", "-5m"])
+    assert args.payload == "-5m"
