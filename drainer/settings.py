@@ -165,7 +165,8 @@ class Settings(BaseSettings):
     connect_retries: int = _opt(
         DEFAULT_CONNECT_RETRIES,
         "Connection attempts after the first, with exponential backoff, while a suspended "
-        "compute resumes.",
+        "compute resumes. The commands a person waits for (status, jobs, show, retry, "
+        "cancel, purge, pause, resume, limit, audit) make 1 unless this is set.",
         "db",
         ge=0,
     )

@@ -45,6 +45,14 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "fleet": ("fleet",),  # each fleet command's own: drainer.cli.fleet.FLEET_SCOPES
 }
 
+#: The commands a person types and waits for: they retry a connection once
+#: (:data:`INTERACTIVE_CONNECT_RETRIES`) unless --connect-retries (or its variable, or
+#: pyproject) says otherwise; a database that is down is then said in about a second, not
+#: after the drains' backoff for a compute that resumes (0.5 s + 1 s + 2 s + 4 s + 8 s).
+INTERACTIVE = frozenset({"status", "jobs", "show", "retry", "cancel", "purge", "pause",
+                         "resume", "limit", "audit"})
+INTERACTIVE_CONNECT_RETRIES = 1
+
 #: The help section of each settings scope.
 TITLES = {"db": "database and logging", "run": "drain", "enqueue": "enqueue",
           "trigger": "trigger", "wake": "waking and the compute's idle timeout",
@@ -237,4 +245,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if "queues" in overrides:
         overrides["queues"] = [q.strip() for v in overrides["queues"] for q in v.split(",")
                                if q.strip()]
-    return load_settings(**overrides)
+    settings = load_settings(**overrides)
+    if (getattr(args, "command", None) in INTERACTIVE
+            and "connect_retries" not in settings.model_fields_set):
+        settings = settings.model_copy(update={"connect_retries": INTERACTIVE_CONNECT_RETRIES})
+    return settings

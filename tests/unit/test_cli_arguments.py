@@ -145,3 +145,25 @@ def test_a_negative_number_still_reaches_a_flag_that_takes_one() -> None:
     assert args.priority == -5
     args = build_parser().parse_args(["enqueue", "q", "--", "-5m"])
     assert args.payload == "-5m"
+
+
+def test_the_commands_a_person_waits_for_retry_a_connection_once_drains_keep_theirs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from drainer.cli import settings_from_args
+    from drainer.settings import DEFAULT_CONNECT_RETRIES
+
+    monkeypatch.delenv("DRAINER_CONNECT_RETRIES", raising=False)
+
+    def retries(*argv: str) -> int:
+        return settings_from_args(build_parser().parse_args(list(argv))).connect_retries
+
+    for command in (["status"], ["jobs"], ["show", "7"], ["retry", "7"], ["cancel", "7"],
+                    ["pause", "q"], ["resume", "q"], ["limit", "q"], ["audit"],
+                    ["purge", "--status", "done", "--older-than", "1d"]):
+        assert retries(*command) == 1, command
+    for command in (["run-once"], ["schedule"], ["serve"], ["worker"], ["migrate"],
+                    ["enqueue", "q", "{}"], ["next-wake"]):
+        assert retries(*command) == DEFAULT_CONNECT_RETRIES, command
+    assert retries("status", "--connect-retries", "4") == 4
+    monkeypatch.setenv("DRAINER_CONNECT_RETRIES", "3")
+    assert retries("status") == 3
