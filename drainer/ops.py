@@ -268,12 +268,27 @@ def purge_batches(q: Queries, status: str, older_than: float, batch: int) -> tup
 
 def pause(settings: Settings, queues: Sequence[str]) -> dict[str, Any]:
     """Pause ``queues``: no drainer claims their jobs from its next run on (a run reads
-    the paused queues once, at its start); jobs keep arriving. Idempotent."""
+    the paused queues once, at its start); jobs keep arriving. Idempotent.
+    ``never_seen`` (when any): the queues paused that had no job and no operator's row
+    before (a misspelt name?)."""
     names = _queue_names(queues)
     with _queries(settings) as q:
+        unseen = _never_seen(q, names)
         changed = q.pause_queues(names)
-    return {"paused": sorted(changed),
-            "already_paused": sorted(set(names) - set(changed))}
+    return {"paused": sorted(changed), "already_paused": sorted(set(names) - set(changed)),
+            **({"never_seen": unseen} if unseen else {})}
+
+
+def _never_seen(q: Queries, names: list[str]) -> list[str]:
+    """The queues of ``names`` with no job of any status and no operator's row; none when
+    the role may not read the queue column (no warning rather than a failed command)."""
+    import psycopg
+
+    try:
+        return sorted(r["queue"] for r in q.fetch_dicts("queues_never_seen",
+                                                          {"queues": names}))
+    except psycopg.errors.InsufficientPrivilege:
+        return []
 
 
 def resume(settings: Settings, queues: Sequence[str]) -> dict[str, Any]:
@@ -292,7 +307,8 @@ def limit(settings: Settings, queues: Sequence[str], *, max_running: int | None 
     running across all drainers), ``rate`` (``"10/m"``: at most 10 claimed in any minute);
     ``clear_*`` drops the operator's, so the setting's or the task's applies again. They
     override the settings and the tasks from each drainer's next run. With nothing to
-    change, the limits as they are."""
+    change, the limits as they are. ``never_seen`` (when any): the queues given a limit that
+    had no job and no operator's row before (a misspelt name?)."""
     from drainer.queue_limits import parse_max_running, parse_rate
 
     names = _queue_names(queues)
@@ -303,14 +319,18 @@ def limit(settings: Settings, queues: Sequence[str], *, max_running: int | None 
         raise ConfigError(str(exc)) from None
     if (cap is not None and clear_max_running) or (parsed is not None and clear_rate):
         raise ConfigError("set a limit or clear it, not both")
+    unseen: list[str] = []
     with _queries(settings) as q:
         if cap is None and parsed is None and not clear_max_running and not clear_rate:
             rows = [r for r in q.fetch_dicts("queue_limits") if r["queue"] in names]
         else:
+            if cap is not None or parsed is not None:
+                unseen = _never_seen(q, names)
             rows = q.set_limits(names, max_running=cap, rate=parsed,
                                 clear_max_running=clear_max_running, clear_rate=clear_rate)
     by_queue = {r["queue"]: r for r in rows}
-    return {"limits": [_limit_entry(name, by_queue.get(name, {})) for name in names]}
+    return {"limits": [_limit_entry(name, by_queue.get(name, {})) for name in names],
+            **({"never_seen": unseen} if unseen else {})}
 
 
 def _limit_entry(queue: str, row: dict[str, Any]) -> dict[str, Any]:

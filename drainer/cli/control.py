@@ -170,8 +170,23 @@ def configure_pause(sub: Any) -> None:
 def pause_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import pause
 
-    emit(pause(settings, args.queues), render_counts, as_json=args.json)
+    report = pause(settings, args.queues)
+    emit(report, render_counts, as_json=args.json)
+    _warn_never_seen("pause", report, settings, "paused")
     return 0
+
+
+def _warn_never_seen(command: str, report: dict[str, Any], settings: Settings,
+                     done: str) -> None:
+    """One warning line on stderr for queues that no job ever had (as enqueue's)."""
+    unseen = report.get("never_seen") or []
+    if not unseen:
+        return
+    names = ", ".join(repr(n) for n in unseen)
+    which = "queue" if len(unseen) == 1 else "queues"
+    sys.stderr.write(f"drainer {command}: warning: {which} {names} never seen in "
+                     f"{settings.schema_name}.{settings.table} (no job of it, of any status): "
+                     f"a misspelt queue name? {done.capitalize()} all the same.\n")
 
 
 def configure_resume(sub: Any) -> None:
@@ -220,9 +235,11 @@ def configure_limit(sub: Any) -> None:
 def limit_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import limit
 
-    emit(limit(settings, args.queues, max_running=args.limit_max_running,
-               rate=args.limit_rate, clear_max_running=args.clear or args.clear_max_running,
-               clear_rate=args.clear or args.clear_rate), render_limits, as_json=args.json)
+    report = limit(settings, args.queues, max_running=args.limit_max_running,
+                   rate=args.limit_rate, clear_max_running=args.clear or args.clear_max_running,
+                   clear_rate=args.clear or args.clear_rate)
+    emit(report, render_limits, as_json=args.json)
+    _warn_never_seen("limit", report, settings, "limited")
     return 0
 
 

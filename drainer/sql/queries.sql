@@ -655,6 +655,14 @@ RETURNING id;
 SELECT EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(queue)s AND status = 'queued')
     OR EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(queue)s) AS seen;
 
+-- name: queues_never_seen
+-- `drainer pause` and `drainer limit`, before they write: the queues named that have no job
+-- of any status (as queue_seen) and no row of the operator's. A misspelt name?
+SELECT q AS queue FROM unnest(%(queues)s::text[]) AS q
+WHERE NOT EXISTS (SELECT 1 FROM {jobs} WHERE queue = q AND status = 'queued')
+  AND NOT EXISTS (SELECT 1 FROM {jobs} WHERE queue = q)
+  AND NOT EXISTS (SELECT 1 FROM {control} c WHERE c.queue = q);
+
 -- name: enqueue_copy
 -- Bulk enqueue without dedup keys: COPY straight into the table.
 COPY {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key) FROM STDIN;

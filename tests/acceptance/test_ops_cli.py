@@ -281,3 +281,24 @@ def test_retry_and_cancel_take_the_ids_positionally_as_show_does(
 def _said(stderr: str) -> list[str]:
     """The lines of stderr that are not log records (JSON lines)."""
     return [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("{")]
+
+
+def test_pause_and_limit_warn_for_a_queue_never_seen_as_enqueue_does(
+        migrated: Settings, conn: Conn, pg_url: str, schema: str) -> None:
+    add(conn, migrated, "mail", 1, status="done")
+    p = run_cli(["pause", "no such queue!", "mail"], pg_url=pg_url, schema=schema)
+    assert p.returncode == 0, p.stderr
+    assert _said(p.stderr) == [
+        f"drainer pause: warning: queue 'no such queue!' never seen in {schema}.jobs (no "
+        "job of it, of any status): a misspelt queue name? Paused all the same."]
+    assert json.loads(p.stdout) == {"paused": ["mail", "no such queue!"], "already_paused": [],
+                                    "never_seen": ["no such queue!"]}
+    # paused once, it is known: no warning the second time, nor for a queue with jobs
+    p = run_cli(["pause", "no such queue!", "mail"], pg_url=pg_url, schema=schema)
+    assert p.returncode == 0 and _said(p.stderr) == [], p.stderr
+    p = run_cli(["limit", "mial", "--max-running", "2"], pg_url=pg_url, schema=schema)
+    assert p.returncode == 0 and _said(p.stderr) == [
+        f"drainer limit: warning: queue 'mial' never seen in {schema}.jobs (no job of it, of "
+        "any status): a misspelt queue name? Limited all the same."], p.stderr
+    p = run_cli(["limit", "mail", "--max-running", "2"], pg_url=pg_url, schema=schema)
+    assert p.returncode == 0 and _said(p.stderr) == [], p.stderr
