@@ -302,3 +302,27 @@ def test_pause_and_limit_warn_for_a_queue_never_seen_as_enqueue_does(
         "any status): a misspelt queue name? Limited all the same."], p.stderr
     p = run_cli(["limit", "mail", "--max-running", "2"], pg_url=pg_url, schema=schema)
     assert p.returncode == 0 and _said(p.stderr) == [], p.stderr
+
+
+def test_enqueue_with_app_stores_the_task_max_attempts(
+        migrated: Settings, conn: Conn, pg_url: str, schema: str) -> None:
+    """@task("fails_twice", max_attempts=2): the row says 2, so `jobs` shows 0/2 without
+    --app; --max-attempts (or its variable) still wins."""
+    one = ok_json(["enqueue", "fails_twice", "{}", "--app", "ops_jobs"], pg_url, schema)
+    assert row(conn, migrated, one["id"])["max_attempts"] == 2
+    p = run_cli(["enqueue", "fails_twice", "--app", "ops_jobs"], pg_url=pg_url, schema=schema,
+                input='{"a": 1}\n{"a": 2}\n')
+    assert p.returncode == 0, p.stderr
+    listed = ok_json(["jobs"], pg_url, schema)
+    assert [j["max_attempts"] for j in listed] == [2, 2, 2]
+    code, out = run_in_pty(["jobs"], cli_env(pg_url, schema))
+    assert code == 0 and out.count(" 0/2 ") == 3, out
+    given = ok_json(["enqueue", "fails_twice", "{}", "--app", "ops_jobs", "--max-attempts", "4"],
+                    pg_url, schema)
+    assert row(conn, migrated, given["id"])["max_attempts"] == 4
+    p = run_cli(["enqueue", "fails_twice", "{}", "--app", "ops_jobs"], pg_url=pg_url,
+                schema=schema, DRAINER_MAX_ATTEMPTS="7")
+    assert row(conn, migrated, json.loads(p.stdout)["id"])["max_attempts"] == 7
+    # a task that sets none: the default
+    plain = ok_json(["enqueue", "fails", "{}", "--app", "ops_jobs"], pg_url, schema)
+    assert row(conn, migrated, plain["id"])["max_attempts"] == 5
