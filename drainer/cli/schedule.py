@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import add_command
-from drainer.cli._output import print_json, seconds_arg
+from drainer.cli._output import print_json, seconds_arg, stdout_for_reports_only
 from drainer.cli.wake import listen_address, port_number
 from drainer.errors import ConfigError
 
@@ -246,7 +246,7 @@ def _run_schedule(args: argparse.Namespace, settings: Settings, plan: _ScheduleP
                          "are left to their lease\n")
         os._exit(1)
 
-    with stop_on_signals(stop, stopping, exit_now):
+    with stop_on_signals(stop, stopping, exit_now), stdout_for_reports_only():
         runs = run_schedule(run_settings, plan.wakes, stop=stop, idle=idle,
                             pull_earlier=args.pull_earlier, on_report=_print_report,
                             policy=plan.policy, max_sleep=settings.max_sleep,
