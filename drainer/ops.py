@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: Statuses a job can have (the table's CHECK constraint).
-STATUSES = ("queued", "running", "done", "failed")
+STATUSES = ("queued", "running", "done", "failed", "cancelled")
 #: Statuses `drainer purge` may delete: finished jobs only.
-PURGEABLE = ("done", "failed")
+PURGEABLE = ("done", "failed", "cancelled")
+#: Statuses of finished jobs.
+FINISHED = ("done", "failed", "cancelled")
 #: Default number of rows `drainer jobs` lists.
 DEFAULT_LIST_LIMIT = 50
 #: Longest list of ids echoed in a report (the counts are always complete).
@@ -96,7 +98,8 @@ def retry_jobs(settings: Settings, *, ids: Sequence[int] | None = None,
                dry_run: bool = False) -> dict[str, Any]:
     """Failed jobs back to queued, attempts reset to 0, due now.
 
-    Exactly one selector: ``ids``, ``queue`` (its failed jobs) or ``all_failed``. Jobs
+    Exactly one selector: ``ids`` (failed or cancelled jobs), ``queue`` (its failed jobs)
+    or ``all_failed``: cancelled jobs come back only by id. Jobs
     whose dedup_key is now held by a queued or running job are skipped and reported
     (the unique index allows one), as are jobs cancelled while running whose owner's
     lease has not yet run out, and named ids that are not failed.
@@ -169,7 +172,7 @@ def _explain(q: Queries, ids: list[int] | None, plan: list[dict[str, Any]]
         status = found.get(i)
         if status is None:
             out["not_found"].append(i)
-        elif status == "failed":
+        elif status in ("failed", "cancelled"):
             out["busy"].append(i)  # locked by a concurrent retry: SKIP LOCKED left it
         else:
             out["not_failed"].append(i)
@@ -181,11 +184,12 @@ def _explain(q: Queries, ids: list[int] | None, plan: list[dict[str, Any]]
 
 def cancel_jobs(settings: Settings, ids: Sequence[int], *, dry_run: bool = False
                 ) -> dict[str, Any]:
-    """Queued and running jobs -> failed with last_error 'cancelled'.
+    """Queued and running jobs -> cancelled (last_error 'cancelled'); ``retry`` takes them
+    back by id only (``--all-failed`` and ``--queue`` leave them).
 
     A running job is cancelled in the table at once; its owner learns it at its next
     heartbeat (the lease extension updates 0 rows), sets ``job.cancelled`` so the handler
-    can stop, and its outcome is not written. Done and failed jobs are left alone.
+    can stop, and its outcome is not written. Finished jobs are left alone.
     """
     if not ids:
         raise ConfigError("cancel needs at least one --id")
@@ -199,7 +203,7 @@ def cancel_jobs(settings: Settings, ids: Sequence[int], *, dry_run: bool = False
             hit = {r["id"]: r["was"] for r in q.fetch_dicts("cancel_many", {"ids": id_list})}
     queued = [i for i, s in hit.items() if s == "queued"]
     running = [i for i, s in hit.items() if s == "running"]
-    finished = [i for i in id_list if i not in hit and before.get(i) in ("done", "failed")]
+    finished = [i for i in id_list if i not in hit and before.get(i) in FINISHED]
     missing = [i for i in id_list if i not in before]
     busy = [i for i in id_list if i not in hit and before.get(i) in ("queued", "running")]
     out: dict[str, Any] = {

@@ -29,19 +29,20 @@ def configure_retry(sub: Any) -> None:
                         "Put failed jobs back in the queue: status queued, attempts 0, due "
                         "now (last_error is kept until the job runs again). Give exactly one "
                         "of: job ids (drainer retry 7 8, or --id 7 8), --queue, --all-failed. "
-                        "Jobs whose dedup key is now held by a queued or running job, and "
-                        "jobs cancelled while running whose "
-                        "owner's lease has not run out yet, are skipped and counted; nothing "
-                        "else is touched. Prints the counts; exit 1 when none of the ids "
-                        "given exists."))
+                        "Cancelled jobs come back only by id: --queue and --all-failed leave "
+                        "them cancelled. Jobs whose dedup key is now held by a queued or "
+                        "running job, and jobs cancelled while running whose owner's lease "
+                        "has not run out yet, are skipped and counted; nothing else is "
+                        "touched. Prints the counts; exit 1 when none of the ids given "
+                        "exists."))
     which = p.add_mutually_exclusive_group(required=True)
-    _add_ids(which, "These failed jobs (ids that are not failed are counted as not_failed / "
-             "not_found and left alone; unknown ids are named on stderr, exit 1 when none "
-             "of them exists).")
+    _add_ids(which, "These failed or cancelled jobs (ids that are neither are counted as "
+             "not_failed / not_found and left alone; unknown ids are named on stderr, exit "
+             "1 when none of them exists).")
     which.add_argument("--queue", dest="job_queue", metavar="QUEUE",
-                       help="Every failed job of this queue.")
+                       help="Every failed job of this queue (not the cancelled ones).")
     which.add_argument("--all-failed", action="store_true",
-                       help="Every failed job of every queue.")
+                       help="Every failed job of every queue (not the cancelled ones).")
     p.add_argument("--dry-run", action="store_true",
                    help="Report what would be retried; change nothing.")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -61,11 +62,13 @@ def configure_cancel(sub: Any) -> None:
     p = add_command(sub, "cancel", "Cancel queued or running jobs by id (drainer cancel 7 8).",
                     cancel_command,
                     description=(
-                        "Cancel jobs: queued and running jobs become failed with last_error "
-                        "'cancelled'. A running job's owner notices at its next heartbeat "
+                        "Cancel jobs: queued and running jobs get the status cancelled "
+                        "(last_error 'cancelled'), apart from failed ones: retry --all-failed "
+                        "and --queue leave them, retry ID takes one back. A running job's "
+                        "owner notices at its next heartbeat "
                         "(within about two thirds of the lease), sets job.cancelled so the "
                         "handler can stop, and its outcome is not written; a handler that "
-                        "ignores job.cancelled runs to its end. Done and failed jobs are "
+                        "ignores job.cancelled runs to its end. Finished jobs are "
                         "left alone; jobs locked by a transaction (a transaction-mode job in "
                         "flight) are counted as busy. Prints the counts; exit 1 when none "
                         "of the ids given exists."))

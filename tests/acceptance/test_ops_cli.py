@@ -84,8 +84,9 @@ def test_commands_print_json_counts(migrated: Settings, conn: Conn, pg_url: str,
     cancelled = ok_json(["cancel", "--id", str(queued[1]), "--id", str(old_done[0])],
                         pg_url, schema)
     assert cancelled["cancelled"] == 1 and cancelled["already_finished_ids"] == [old_done[0]]
-    assert row(conn, s, queued[1])["last_error"] == "cancelled"
-    assert ok_json(["retry", "--all-failed"], pg_url, schema)["retried"] == 1
+    assert (row(conn, s, queued[1])["status"], row(conn, s, queued[1])["last_error"]) == (
+        "cancelled", "cancelled")
+    assert ok_json(["retry", "--all-failed"], pg_url, schema)["retried"] == 0
 
     purged = ok_json(["purge", "--status", "done", "--older-than", "7d"], pg_url, schema)
     assert purged["purged"] == 3
@@ -326,3 +327,27 @@ def test_enqueue_with_app_stores_the_task_max_attempts(
     # a task that sets none: the default
     plain = ok_json(["enqueue", "fails", "{}", "--app", "ops_jobs"], pg_url, schema)
     assert row(conn, migrated, plain["id"])["max_attempts"] == 5
+
+
+def test_a_cancelled_job_stays_cancelled_through_retry_all_failed(
+        migrated: Settings, conn: Conn, pg_url: str, schema: str) -> None:
+    """cancel, then retry --all-failed (or --queue): the cancelled job does not come back;
+    it shows as cancelled in status and jobs; retry by its id takes it back."""
+    [queued] = add(conn, migrated, "mail", 1)
+    [failed] = add(conn, migrated, "mail", 1, status="failed", last_error="SMTP 451")
+    assert ok_json(["cancel", str(queued)], pg_url, schema)["cancelled"] == 1
+    retried = ok_json(["retry", "--all-failed"], pg_url, schema)
+    assert retried["retried"] == 1 and row(conn, migrated, failed)["status"] == "queued"
+    assert ok_json(["retry", "--queue", "mail"], pg_url, schema)["retried"] == 0
+    assert row(conn, migrated, queued)["status"] == "cancelled"
+    st = ok_json(["status", "--json"], pg_url, schema)
+    assert (st["queues"]["mail"]["cancelled"], st["queues"]["mail"]["failed"]) == (1, 0)
+    assert st["totals"]["cancelled"] == 1
+    listed = ok_json(["jobs", "--status", "cancelled"], pg_url, schema)
+    assert [(j["id"], j["status"]) for j in listed] == [(queued, "cancelled")]
+    code, out = run_in_pty(["status"], cli_env(pg_url, schema))
+    assert code == 0 and re.search(r"queue +queued +due +running +done +failed +cancelled",
+                                   out), out
+    assert ok_json(["cancel", str(queued)], pg_url, schema)["already_finished"] == 1
+    back = ok_json(["retry", str(queued)], pg_url, schema)
+    assert back["retried_ids"] == [queued] and row(conn, migrated, queued)["status"] == "queued"
