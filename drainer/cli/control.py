@@ -126,14 +126,16 @@ def _ids_not_found(command: str, ids: list[int] | None, report: dict[str, Any],
 
 
 def configure_purge(sub: Any) -> None:
-    p = add_command(sub, "purge", "Delete old done or failed jobs now (manual archival).",
+    p = add_command(sub, "purge", "Delete old done, failed or cancelled jobs now (manual "
+                    "archival).",
                     purge_command, description=(
                         "Delete finished jobs now (manual archival), in batches of "
                         "DRAINER_ARCHIVE_BATCH_SIZE rows a statement. Queued and running "
                         "jobs are never purged. Prints the count."))
     p.add_argument("--status", required=True, choices=PURGEABLE,
                    type=any_case("--status", PURGEABLE),
-                   help="Which finished jobs: done, or failed (the dead-letter queue).")
+                   help="Which finished jobs: done, failed (the dead-letter queue) or "
+                   "cancelled.")
     p.add_argument("--older-than", required=True, metavar="AGE",
                    help="Only jobs finished longer ago than this: seconds or 30s, 15m, "
                    "12h, 7d (0 = all of them).")
