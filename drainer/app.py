@@ -40,14 +40,23 @@ def _module_hint(module: str, exc: Exception) -> str:
     return f" (--app takes a module name, as `python -m` does: {name!r}, not a file path)"
 
 
+#: drainer's own source: a check that raises in it (a bad cron in ``@task(cron=...)``) is
+#: about the app's line that called it, the last frame outside.
+_DRAINER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def _where_it_failed(exc: BaseException) -> str:
-    """``file:line: `` of the app's line that raised (importlib's frames skipped), or ''."""
+    """``file:line: `` of the app's line that raised (importlib's frames and drainer's own
+    skipped: ``@task(cron=...)`` raises in drainer, the mistake is on the app's line), or
+    ''."""
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
         path, line = exc.filename, exc.lineno
     else:
         frames = [f for f in traceback.extract_tb(exc.__traceback__)
                   if not f.filename.startswith("<") and "importlib" not in f.filename
                   and f.filename != __file__]
+        outside = [f for f in frames if not os.path.abspath(f.filename).startswith(_DRAINER_DIR)]
+        frames = outside or frames
         if not frames or frames[-1].lineno is None:
             return ""
         path, line = frames[-1].filename, frames[-1].lineno

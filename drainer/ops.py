@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: Statuses a job can have (the table's CHECK constraint).
-STATUSES = ("queued", "running", "done", "failed")
+STATUSES = ("queued", "running", "done", "failed", "cancelled")
 #: Statuses `drainer purge` may delete: finished jobs only.
-PURGEABLE = ("done", "failed")
+PURGEABLE = ("done", "failed", "cancelled")
+#: Statuses of finished jobs.
+FINISHED = ("done", "failed", "cancelled")
 #: Default number of rows `drainer jobs` lists.
 DEFAULT_LIST_LIMIT = 50
 #: Longest list of ids echoed in a report (the counts are always complete).
@@ -96,7 +98,8 @@ def retry_jobs(settings: Settings, *, ids: Sequence[int] | None = None,
                dry_run: bool = False) -> dict[str, Any]:
     """Failed jobs back to queued, attempts reset to 0, due now.
 
-    Exactly one selector: ``ids``, ``queue`` (its failed jobs) or ``all_failed``. Jobs
+    Exactly one selector: ``ids`` (failed or cancelled jobs), ``queue`` (its failed jobs)
+    or ``all_failed``: cancelled jobs come back only by id. Jobs
     whose dedup_key is now held by a queued or running job are skipped and reported
     (the unique index allows one), as are jobs cancelled while running whose owner's
     lease has not yet run out, and named ids that are not failed.
@@ -169,7 +172,7 @@ def _explain(q: Queries, ids: list[int] | None, plan: list[dict[str, Any]]
         status = found.get(i)
         if status is None:
             out["not_found"].append(i)
-        elif status == "failed":
+        elif status in ("failed", "cancelled"):
             out["busy"].append(i)  # locked by a concurrent retry: SKIP LOCKED left it
         else:
             out["not_failed"].append(i)
@@ -181,11 +184,12 @@ def _explain(q: Queries, ids: list[int] | None, plan: list[dict[str, Any]]
 
 def cancel_jobs(settings: Settings, ids: Sequence[int], *, dry_run: bool = False
                 ) -> dict[str, Any]:
-    """Queued and running jobs -> failed with last_error 'cancelled'.
+    """Queued and running jobs -> cancelled (last_error 'cancelled'); ``retry`` takes them
+    back by id only (``--all-failed`` and ``--queue`` leave them).
 
     A running job is cancelled in the table at once; its owner learns it at its next
     heartbeat (the lease extension updates 0 rows), sets ``job.cancelled`` so the handler
-    can stop, and its outcome is not written. Done and failed jobs are left alone.
+    can stop, and its outcome is not written. Finished jobs are left alone.
     """
     if not ids:
         raise ConfigError("cancel needs at least one --id")
@@ -199,7 +203,7 @@ def cancel_jobs(settings: Settings, ids: Sequence[int], *, dry_run: bool = False
             hit = {r["id"]: r["was"] for r in q.fetch_dicts("cancel_many", {"ids": id_list})}
     queued = [i for i, s in hit.items() if s == "queued"]
     running = [i for i, s in hit.items() if s == "running"]
-    finished = [i for i in id_list if i not in hit and before.get(i) in ("done", "failed")]
+    finished = [i for i in id_list if i not in hit and before.get(i) in FINISHED]
     missing = [i for i in id_list if i not in before]
     busy = [i for i in id_list if i not in hit and before.get(i) in ("queued", "running")]
     out: dict[str, Any] = {
@@ -268,12 +272,27 @@ def purge_batches(q: Queries, status: str, older_than: float, batch: int) -> tup
 
 def pause(settings: Settings, queues: Sequence[str]) -> dict[str, Any]:
     """Pause ``queues``: no drainer claims their jobs from its next run on (a run reads
-    the paused queues once, at its start); jobs keep arriving. Idempotent."""
+    the paused queues once, at its start); jobs keep arriving. Idempotent.
+    ``never_seen`` (when any): the queues paused that had no job and no operator's row
+    before (a misspelt name?)."""
     names = _queue_names(queues)
     with _queries(settings) as q:
+        unseen = _never_seen(q, names)
         changed = q.pause_queues(names)
-    return {"paused": sorted(changed),
-            "already_paused": sorted(set(names) - set(changed))}
+    return {"paused": sorted(changed), "already_paused": sorted(set(names) - set(changed)),
+            **({"never_seen": unseen} if unseen else {})}
+
+
+def _never_seen(q: Queries, names: list[str]) -> list[str]:
+    """The queues of ``names`` with no job of any status and no operator's row; none when
+    the role may not read the queue column (no warning rather than a failed command)."""
+    import psycopg
+
+    try:
+        return sorted(r["queue"] for r in q.fetch_dicts("queues_never_seen",
+                                                          {"queues": names}))
+    except psycopg.errors.InsufficientPrivilege:
+        return []
 
 
 def resume(settings: Settings, queues: Sequence[str]) -> dict[str, Any]:
@@ -292,7 +311,8 @@ def limit(settings: Settings, queues: Sequence[str], *, max_running: int | None 
     running across all drainers), ``rate`` (``"10/m"``: at most 10 claimed in any minute);
     ``clear_*`` drops the operator's, so the setting's or the task's applies again. They
     override the settings and the tasks from each drainer's next run. With nothing to
-    change, the limits as they are."""
+    change, the limits as they are. ``never_seen`` (when any): the queues given a limit that
+    had no job and no operator's row before (a misspelt name?)."""
     from drainer.queue_limits import parse_max_running, parse_rate
 
     names = _queue_names(queues)
@@ -303,14 +323,18 @@ def limit(settings: Settings, queues: Sequence[str], *, max_running: int | None 
         raise ConfigError(str(exc)) from None
     if (cap is not None and clear_max_running) or (parsed is not None and clear_rate):
         raise ConfigError("set a limit or clear it, not both")
+    unseen: list[str] = []
     with _queries(settings) as q:
         if cap is None and parsed is None and not clear_max_running and not clear_rate:
             rows = [r for r in q.fetch_dicts("queue_limits") if r["queue"] in names]
         else:
+            if cap is not None or parsed is not None:
+                unseen = _never_seen(q, names)
             rows = q.set_limits(names, max_running=cap, rate=parsed,
                                 clear_max_running=clear_max_running, clear_rate=clear_rate)
     by_queue = {r["queue"]: r for r in rows}
-    return {"limits": [_limit_entry(name, by_queue.get(name, {})) for name in names]}
+    return {"limits": [_limit_entry(name, by_queue.get(name, {})) for name in names],
+            **({"never_seen": unseen} if unseen else {})}
 
 
 def _limit_entry(queue: str, row: dict[str, Any]) -> dict[str, Any]:

@@ -161,6 +161,12 @@ class Definition:
         found = fire_times_before(self.spec, self.tz, now, 1)
         return found[0] if found else None
 
+    @property
+    def schedule(self) -> dict[str, str]:
+        """What each occurrence row keeps of the definition (``recurring_schedule``), so that
+        ``drainer status`` shows the schedule of a series without loading the app."""
+        return {"cron": self.cron, "timezone": self.timezone, "catch_up": self.catch_up}
+
     def dedup_key(self, at: datetime) -> str:
         return f"{DEDUP_PREFIX}{self.key}:{at.astimezone(_UTC):%Y-%m-%dT%H:%M:%SZ}"
 
@@ -264,7 +270,7 @@ def sync_params(definitions: Iterable[Definition], queues: Sequence[str], now: d
         latest = d.latest_at(now)
         rows.append({
             "key": d.key, "queue": d.queue, "hash": d.content_hash, "catch_up": d.catch_up,
-            "priority": d.priority, "max_attempts": d.max_attempts,
+            "priority": d.priority, "max_attempts": d.max_attempts, "schedule": d.schedule,
             "next_at": iso_utc(nxt), "next_dedup": nxt and d.dedup_key(nxt),
             "next_payload": nxt and d.payload_for(nxt),
             "latest_at": iso_utc(latest), "latest_dedup": latest and d.dedup_key(latest),
@@ -358,7 +364,9 @@ def series_status(rows: Iterable[Mapping[str, Any]], definitions: Iterable[Defin
     """``drainer status``'s recurring series: the table's (``status_recurring`` rows) and
     the app's definitions, by key. ``defined``: the loaded app declares it; ``served``: its
     queue has a handler in the app (None when no app was loaded); ``next_at`` is the
-    queued occurrence's fire time, else (``next_in_table`` false) the definition's."""
+    queued occurrence's fire time, else (``next_in_table`` false) the definition's;
+    ``cron``, ``timezone``, ``catch_up``: the app's definition's, else what the sync wrote
+    on the series' occurrences (``schedule``, None for rows older than it)."""
     handled = set(handled)
     by_key = {str(r["key"]): dict(r) for r in rows}
     defs = {d.key: d for d in definitions}
@@ -370,10 +378,11 @@ def series_status(rows: Iterable[Mapping[str, Any]], definitions: Iterable[Defin
         if next_at is None and d is not None:
             next_at = d.next_after(now)
         queue = d.queue if d is not None else row.get("queue")
+        schedule = d.schedule if d is not None else _stored_schedule(row.get("schedule"))
         out.append({
             "key": key, "queue": queue,
-            "cron": d.cron if d else None, "timezone": d.timezone if d else None,
-            "catch_up": d.catch_up if d else None, "defined": d is not None if defs or
+            "cron": schedule.get("cron"), "timezone": schedule.get("timezone"),
+            "catch_up": schedule.get("catch_up"), "defined": d is not None if defs or
             handled else None,
             "served": (queue in handled) if handled else None,
             "next_at": iso_utc(next_at), "next_in_table": in_table,
@@ -384,3 +393,13 @@ def series_status(rows: Iterable[Mapping[str, Any]], definitions: Iterable[Defin
             "last_error": row.get("last_error"),
         })
     return out
+
+
+def _stored_schedule(value: Any) -> dict[str, Any]:
+    """An occurrence's ``recurring_schedule`` (a dict, or its JSON text inside a JSON row)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}

@@ -39,6 +39,10 @@ _DURATION = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|min|h|d|w)?\
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 #: SQLAlchemy's form of a PostgreSQL URL names the driver: ``postgresql+psycopg://``.
 _SQLALCHEMY_URL = re.compile(r"^\s*postgresql\+[a-z0-9_]+://", re.I)
+#: A connection string that starts like a URL: libpq reads it as one only with these
+#: schemes, and anything else as key=value words (``missing "=" after ...``).
+_URL_SCHEME = re.compile(r"^\s*(?P<scheme>[a-z][a-z0-9+.-]*)://", re.I)
+URL_SCHEMES = ("postgresql", "postgres")
 
 
 def parse_duration(value: Any) -> Any:
@@ -48,6 +52,9 @@ def parse_duration(value: Any) -> Any:
     if isinstance(value, str):
         m = _DURATION.match(value)
         if not m:
+            if _DURATION.match(value.strip().removeprefix("-")):
+                raise ValueError(f"not a duration: {value!r} (a duration is never negative: "
+                                 "use seconds or 30s, 15m, 12h, 7d)")
             raise ValueError(f"not a duration: {value!r} (use seconds or 30s, 15m, 12h, 7d)")
         return float(m.group("n")) * _UNIT_S[(m.group("unit") or "s").lower()]
     return value
@@ -64,6 +71,15 @@ def plain_url(dsn: str) -> str:
     """A SQLAlchemy URL (``postgresql+psycopg://``, ``+asyncpg``, ``+psycopg2``) as the
     plain ``postgresql://`` URL libpq reads; anything else unchanged."""
     return _SQLALCHEMY_URL.sub("postgresql://", dsn, count=1)
+
+
+def check_url_scheme(dsn: str, where: str) -> None:
+    """ConfigError naming the scheme of a URL that is no PostgreSQL URL (``postgress://``),
+    which libpq would read as key=value words and refuse in its own terms."""
+    m = _URL_SCHEME.match(dsn)
+    if m and m["scheme"].lower() not in URL_SCHEMES:
+        raise ConfigError(f"{where}: the URL's scheme {m['scheme']!r} is not postgresql:// "
+                          "or postgres://")
 
 
 # Named defaults of the options whose services take them from Settings (the table's
@@ -149,7 +165,8 @@ class Settings(BaseSettings):
     connect_retries: int = _opt(
         DEFAULT_CONNECT_RETRIES,
         "Connection attempts after the first, with exponential backoff, while a suspended "
-        "compute resumes.",
+        "compute resumes. The commands a person waits for (status, jobs, show, retry, "
+        "cancel, purge, pause, resume, limit, audit) make 1 unless this is set.",
         "db",
         ge=0,
     )
@@ -470,7 +487,10 @@ class Settings(BaseSettings):
                 "no database URL: set DRAINER_DATABASE_URL (or DATABASE_URL) or pass "
                 "--database-url"
             )
-        return url.get_secret_value()
+        dsn = url.get_secret_value()
+        check_url_scheme(dsn, "the database URL (DRAINER_DATABASE_URL, DATABASE_URL or "
+                         "--database-url)")
+        return dsn
 
     @property
     def effective_idle_timeout(self) -> float | None:

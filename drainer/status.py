@@ -97,7 +97,7 @@ def collect_status(settings: Settings, registry: Registry | None = None) -> dict
         table = q.fetch_dicts("status_table", {"regclass": q.regclass})
         errors = q.fetch_dicts("status_failed_errors")
     queues: dict[str, dict[str, Any]] = defaultdict(lambda: {
-        "queued": 0, "running": 0, "done": 0, "failed": 0, "due": 0,
+        "queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0, "due": 0,
         "oldest_due_age_s": None, "next_due_at": None, "expired_leases": 0,
         "top_failed_error": None, "failed_errors": [], "paused": False,
     })
@@ -121,7 +121,8 @@ def collect_status(settings: Settings, registry: Registry | None = None) -> dict
     for p in paused:  # a paused queue is listed even with no jobs
         queues[p["queue"]]["paused"] = True
     totals = {s: sum(q[s] for q in queues.values())
-              for s in ("queued", "running", "done", "failed", "due", "expired_leases")}
+              for s in ("queued", "running", "done", "failed", "cancelled", "due",
+                        "expired_leases")}
     ages = [q["oldest_due_age_s"] for q in queues.values() if q["oldest_due_age_s"] is not None]
     nexts = [q["next_due_at"] for q in queues.values() if q["next_due_at"] is not None]
     return {

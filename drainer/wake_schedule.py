@@ -31,6 +31,11 @@ from drainer.waking import (
 if TYPE_CHECKING:
     from drainer.recurring import Definition
 
+#: ``schedule --wake-policy known-work`` with no --interval or --cron looks at what it
+#: knows this often: a look connects to nothing, and a retry or a recurring occurrence that
+#: comes due is drained within this long.
+KNOWN_WORK_TICK_S = 1.0
+
 #: Cron schedules are examined over this window (gaps, wakes a day).
 CRON_HORIZON_S = 7 * 86400.0
 CRON_MAX_FIRES = 20_000
@@ -60,10 +65,16 @@ class WakeSchedule:
     cron: str | None = None
     jitter: float = 0.0
     timezone: tzinfo | None = None
+    #: Said after the schedule in :meth:`describe` (why these ticks, when drainer chose them).
+    note: str = ""
 
     def __post_init__(self) -> None:
         if (self.interval is None) == (self.cron is None):
-            raise ConfigError("give either --interval SECONDS or --cron 'm h dom mon dow'")
+            raise ConfigError(
+                "give either --interval SECONDS or --cron 'm h dom mon dow': when to wake and "
+                "drain (--wake-policy known-work needs neither: it wakes for the work it "
+                "knows of)" if self.interval is None else
+                "give either --interval SECONDS or --cron 'm h dom mon dow', not both")
         if self.interval is not None and self.interval <= 0:
             raise ConfigError("--interval must be more than 0 seconds")
         if self.jitter < 0:
@@ -89,9 +100,10 @@ class WakeSchedule:
 
     def describe(self) -> str:
         jit = f" + up to {fmt_seconds(self.jitter)} jitter" if self.jitter else ""
+        note = f" ({self.note})" if self.note else ""
         if self.interval is not None:
-            return f"every {fmt_seconds(self.interval)}{jit}, first wake at start"
-        return f"cron {self.cron!r} ({self.tz}){jit}"
+            return f"every {fmt_seconds(self.interval)}{jit}, first wake at start{note}"
+        return f"cron {self.cron!r} ({self.tz}){jit}{note}"
 
     def next_wakes(self, n: int, now: datetime | None = None) -> list[datetime]:
         """The next ``n`` wakes before jitter (with an interval, the first is ``now``)."""

@@ -62,8 +62,9 @@ _CONFIGURE = (
 assert len(_CONFIGURE) == len(_SCOPES)
 
 
-def build_parser(command: str | None = None) -> Parser:
+def build_parser(command: str | None = None, *, prog: str = "drainer") -> Parser:
     """The parser of every command; with ``command`` (one of them), of that command only.
+    ``prog``: how the usage lines name the program (``manage.py drainer`` under Django).
 
     Each command's flags are built from the settings fields, hundreds of ``add_argument``
     calls for all of them: a run names its command first (flags go after it), so ``main``
@@ -71,7 +72,7 @@ def build_parser(command: str | None = None) -> Parser:
     invocation). :func:`command_parsers` gives each command's parser in it.
     """
     parser = Parser(
-        prog="drainer",
+        prog=prog,
         description="Drain a PostgreSQL job table and exit, so a serverless database can "
         "suspend. Every flag can also be set as a DRAINER_* variable or in [tool.drainer] "
         "of pyproject.toml.",
@@ -107,15 +108,17 @@ def _flags_before_command(parser: Parser, argv: Sequence[str]) -> None:
         return
     at = list(argv).index(command)
     flags, rest = list(argv[:at]), list(argv[at + 1:])
-    shown = " ".join(["drainer", command, *rest, *flags])
+    shown = " ".join([parser.prog, command, *rest, *flags])
     parser.error(f"flags go after the command: {redact(shown)}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, prog: str = "drainer") -> int:
+    """Run one command (``argv``: what follows the program's name); its exit code.
+    ``prog``: the program's name in usage lines and errors (``manage.py drainer``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # `drainer run-once ...`: that command's parser only; anything else (--help, a flag
     # first, a misspelt command): all of them, for the help or the error
-    parser = build_parser(argv[0] if argv and argv[0] in _SCOPES else None)
+    parser = build_parser(argv[0] if argv and argv[0] in _SCOPES else None, prog=prog)
     _flags_before_command(parser, argv)
     args = parser.parse_command_line(argv, command_parsers(parser))
     if not getattr(args, "command", None):
@@ -129,35 +132,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args, settings)
         return code
     except DrainerError as exc:
-        sys.stderr.write(f"drainer {args.command}: {redact(str(exc))}\n")
+        sys.stderr.write(f"{prog} {args.command}: {redact(str(exc))}\n")
         return exc.exit_code
     except KeyboardInterrupt:
-        sys.stderr.write(f"drainer {args.command}: interrupted\n")
+        sys.stderr.write(f"{prog} {args.command}: interrupted\n")
         return 130
     except Exception as exc:
-        return _unexpected(args.command, exc)
+        return _unexpected(f"{prog} {args.command}", exc)
 
 
 def _unexpected(command: str, exc: Exception) -> int:
+    """``command``: the program and the command (``drainer run-once``)."""
     import psycopg
 
     from drainer.db import prepared_statement_clash, timeout_kind
 
     clash = prepared_statement_clash(exc)
     if clash is not None:  # through a pooler that does not track them: configuration
-        sys.stderr.write(f"drainer {command}: {redact(str(clash))}\n")
+        sys.stderr.write(f"{command}: {redact(str(clash))}\n")
         return clash.exit_code
     text = redact(" ".join(str(exc).split()) or type(exc).__name__)
     kind = timeout_kind(exc)
     if kind is not None:  # the server answered: a timeout is not a lost connection
-        sys.stderr.write(f"drainer {command}: {kind}: {text} (see --statement-timeout, "
+        sys.stderr.write(f"{command}: {kind}: {text} (see --statement-timeout, "
                          "--lock-timeout, --idle-in-transaction-timeout)\n")
         return EXIT_TIMEOUT
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        sys.stderr.write(f"drainer {command}: database connection lost: {text}\n")
+        sys.stderr.write(f"{command}: database connection lost: {text}\n")
         return EXIT_UNAVAILABLE
     logger.debug("unexpected error", exc_info=exc)
-    sys.stderr.write(f"drainer {command}: {type(exc).__name__}: {text}\n")
+    sys.stderr.write(f"{command}: {type(exc).__name__}: {text}\n")
     return EXIT_ERROR
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -44,10 +45,22 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "fleet": ("fleet",),  # each fleet command's own: drainer.cli.fleet.FLEET_SCOPES
 }
 
+#: The commands a person types and waits for: they retry a connection once
+#: (:data:`INTERACTIVE_CONNECT_RETRIES`) unless --connect-retries (or its variable, or
+#: pyproject) says otherwise; a database that is down is then said in about a second, not
+#: after the drains' backoff for a compute that resumes (0.5 s + 1 s + 2 s + 4 s + 8 s).
+INTERACTIVE = frozenset({"status", "jobs", "show", "retry", "cancel", "purge", "pause",
+                         "resume", "limit", "audit"})
+INTERACTIVE_CONNECT_RETRIES = 1
+
 #: The help section of each settings scope.
 TITLES = {"db": "database and logging", "run": "drain", "enqueue": "enqueue",
           "trigger": "trigger", "wake": "waking and the compute's idle timeout",
           "schedule": "wake policy", "app": "app", "fleet": "fleet of tenant databases"}
+
+
+#: A negative value (``-5m``, ``-1.5h``, ``-30``), never a flag: no flag starts with a digit.
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
 
 
 class Parser(argparse.ArgumentParser):
@@ -56,6 +69,34 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {redact(message)} (see {self.prog} --help)\n")
         raise SystemExit(EXIT_USAGE)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        if args is not None:  # each command's parser gets its own arguments here
+            args = self._negative_values_attached(list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _negative_values_attached(self, args: list[str]) -> list[str]:
+        """``--max-runtime -5m`` as ``--max-runtime=-5m``: argparse takes ``-5m`` for a
+        flag ("expected one argument") and only the ``=`` form reached the value's own
+        check; both forms now get the one message that says what is wrong with it."""
+        out: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                out.extend(args[i:])
+                break
+            action = self._option_string_actions.get(arg)
+            if (action is not None and action.nargs is None and i + 1 < len(args)
+                    and _NEGATIVE_VALUE.match(args[i + 1])):
+                out.append(f"{arg}={args[i + 1]}")
+                i += 2
+                continue
+            out.append(arg)
+            i += 1
+        return out
 
     def parse_command_line(self, argv: Sequence[str],
                            commands: dict[str, argparse.ArgumentParser]) -> argparse.Namespace:
@@ -204,4 +245,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if "queues" in overrides:
         overrides["queues"] = [q.strip() for v in overrides["queues"] for q in v.split(",")
                                if q.strip()]
-    return load_settings(**overrides)
+    settings = load_settings(**overrides)
+    if (getattr(args, "command", None) in INTERACTIVE
+            and "connect_retries" not in settings.model_fields_set):
+        settings = settings.model_copy(update={"connect_retries": INTERACTIVE_CONNECT_RETRIES})
+    return settings

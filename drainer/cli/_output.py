@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Callable, Container, Sequence
-from typing import Any, TypeVar, overload
+from collections.abc import Callable, Container, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO, TypeVar, overload
 
 from drainer.errors import ConfigError
 
 T = TypeVar("T")
+
+#: Where reports go while :func:`stdout_for_reports_only` holds stdout (None: sys.stdout).
+_reports: TextIO | None = None
 
 #: --json's help on the commands that print a table on a terminal.
 JSON_HELP = ("Print one JSON object on stdout (the default when stdout is not a terminal; "
@@ -20,8 +25,50 @@ JSON_HELP = ("Print one JSON object on stdout (the default when stdout is not a 
 
 def print_json(obj: Any) -> None:
     """One JSON object on one line of stdout (values JSON lacks as their str())."""
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
-    sys.stdout.flush()
+    out = _reports or sys.stdout
+    out.write(json.dumps(obj, default=str) + "\n")
+    out.flush()
+
+
+@contextmanager
+def stdout_for_reports_only() -> Iterator[None]:
+    """While handlers run: stdout carries the reports only (:func:`print_json`), so that
+    ``drainer run-once | jq`` reads JSON, and whatever else is written to stdout goes to
+    stderr: a handler's ``print()`` (``sys.stdout`` is ``sys.stderr`` meanwhile), and what C
+    code and child processes write to file descriptor 1 (a copy of descriptor 2 meanwhile;
+    the reports go to a copy of the original when ``sys.stdout`` writes to it)."""
+    global _reports
+    original = sys.stdout
+    original.flush()
+    try:
+        saved: int | None = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no descriptor 1 or 2: only the Python level
+        saved = None
+    kept: TextIO | None = None
+    if saved is not None and _fileno(original) == 1:
+        kept = open(saved, "w", encoding=original.encoding,  # noqa: SIM115
+                    errors=original.errors, closefd=False)
+    _reports = kept or original
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = original
+        _reports = None
+        sys.stderr.flush()
+        if kept is not None:
+            kept.close()  # flushes; the descriptor is closed below
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _fileno(stream: Any) -> int | None:
+    try:
+        return int(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture)
+        return None
 
 
 def wants_json(flag: bool) -> bool:

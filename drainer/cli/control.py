@@ -28,20 +28,21 @@ def configure_retry(sub: Any) -> None:
                     retry_command, description=(
                         "Put failed jobs back in the queue: status queued, attempts 0, due "
                         "now (last_error is kept until the job runs again). Give exactly one "
-                        "of --id, --queue, --all-failed. Jobs whose dedup key is now held by "
-                        "a queued or running job, and jobs cancelled while running whose "
-                        "owner's lease has not run out yet, are skipped and counted; nothing "
-                        "else is touched. Prints the counts; exit 1 when none of the --id "
-                        "given exists."))
+                        "of: job ids (drainer retry 7 8, or --id 7 8), --queue, --all-failed. "
+                        "Cancelled jobs come back only by id: --queue and --all-failed leave "
+                        "them cancelled. Jobs whose dedup key is now held by a queued or "
+                        "running job, and jobs cancelled while running whose owner's lease "
+                        "has not run out yet, are skipped and counted; nothing else is "
+                        "touched. Prints the counts; exit 1 when none of the ids given "
+                        "exists."))
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
-                       action="extend", help="These failed jobs (ids that are not failed "
-                       "are counted as not_failed / not_found and left alone; unknown ids "
-                       "are named on stderr, exit 1 when none of them exists).")
+    _add_ids(which, "These failed or cancelled jobs (ids that are neither are counted as "
+             "not_failed / not_found and left alone; unknown ids are named on stderr, exit "
+             "1 when none of them exists).")
     which.add_argument("--queue", dest="job_queue", metavar="QUEUE",
-                       help="Every failed job of this queue.")
+                       help="Every failed job of this queue (not the cancelled ones).")
     which.add_argument("--all-failed", action="store_true",
-                       help="Every failed job of every queue.")
+                       help="Every failed job of every queue (not the cancelled ones).")
     p.add_argument("--dry-run", action="store_true",
                    help="Report what would be retried; change nothing.")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -50,27 +51,30 @@ def configure_retry(sub: Any) -> None:
 def retry_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import retry_jobs
 
-    report = retry_jobs(settings, ids=args.ids, queue=args.job_queue,
+    ids = _ids_given(args)
+    report = retry_jobs(settings, ids=ids, queue=args.job_queue,
                         all_failed=args.all_failed, dry_run=args.dry_run)
     emit(report, render_counts, as_json=args.json)
-    return _ids_not_found("retry", args.ids, report, settings)
+    return _ids_not_found("retry", ids, report, settings)
 
 
 def configure_cancel(sub: Any) -> None:
-    p = add_command(sub, "cancel", "Cancel queued or running jobs by id.", cancel_command,
+    p = add_command(sub, "cancel", "Cancel queued or running jobs by id (drainer cancel 7 8).",
+                    cancel_command,
                     description=(
-                        "Cancel jobs: queued and running jobs become failed with last_error "
-                        "'cancelled'. A running job's owner notices at its next heartbeat "
+                        "Cancel jobs: queued and running jobs get the status cancelled "
+                        "(last_error 'cancelled'), apart from failed ones: retry --all-failed "
+                        "and --queue leave them, retry ID takes one back. A running job's "
+                        "owner notices at its next heartbeat "
                         "(within about two thirds of the lease), sets job.cancelled so the "
                         "handler can stop, and its outcome is not written; a handler that "
-                        "ignores job.cancelled runs to its end. Done and failed jobs are "
+                        "ignores job.cancelled runs to its end. Finished jobs are "
                         "left alone; jobs locked by a transaction (a transaction-mode job in "
                         "flight) are counted as busy. Prints the counts; exit 1 when none "
                         "of the ids given exists."))
-    p.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
-                   action="extend", required=True, help="The jobs to cancel (unknown ids are "
-                   "counted as not_found and named on stderr; exit 1 when none of them "
-                   "exists).")
+    _add_ids(p.add_mutually_exclusive_group(required=True), "The jobs to cancel (unknown "
+             "ids are counted as not_found and named on stderr; exit 1 when none of them "
+             "exists).")
     p.add_argument("--dry-run", action="store_true",
                    help="Report what would be cancelled; change nothing.")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -79,9 +83,25 @@ def configure_cancel(sub: Any) -> None:
 def cancel_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import cancel_jobs
 
-    report = cancel_jobs(settings, args.ids, dry_run=args.dry_run)
+    ids = _ids_given(args)
+    report = cancel_jobs(settings, ids or [], dry_run=args.dry_run)
     emit(report, render_counts, as_json=args.json)
-    return _ids_not_found("cancel", args.ids, report, settings)
+    return _ids_not_found("cancel", ids, report, settings)
+
+
+def _add_ids(group: argparse._MutuallyExclusiveGroup, help_text: str) -> None:
+    """The job ids, positional (``drainer retry 7 8``, as ``drainer show 7``) or with
+    ``--id 7 8``: one form or the other."""
+    # default=[]: argparse counts a positional that got nothing as given unless its value
+    # is the default itself, and the group would refuse --queue beside it
+    group.add_argument("id_args", metavar="ID", type=job_id, nargs="*", default=[],
+                       help=help_text)
+    group.add_argument("--id", dest="ids", metavar="N", type=job_id, nargs="+",
+                       action="extend", help="The same ids as a flag.")
+
+
+def _ids_given(args: argparse.Namespace) -> list[int] | None:
+    return list(args.id_args) or args.ids
 
 
 def _ids_not_found(command: str, ids: list[int] | None, report: dict[str, Any],
@@ -106,14 +126,16 @@ def _ids_not_found(command: str, ids: list[int] | None, report: dict[str, Any],
 
 
 def configure_purge(sub: Any) -> None:
-    p = add_command(sub, "purge", "Delete old done or failed jobs now (manual archival).",
+    p = add_command(sub, "purge", "Delete old done, failed or cancelled jobs now (manual "
+                    "archival).",
                     purge_command, description=(
                         "Delete finished jobs now (manual archival), in batches of "
                         "DRAINER_ARCHIVE_BATCH_SIZE rows a statement. Queued and running "
                         "jobs are never purged. Prints the count."))
     p.add_argument("--status", required=True, choices=PURGEABLE,
                    type=any_case("--status", PURGEABLE),
-                   help="Which finished jobs: done, or failed (the dead-letter queue).")
+                   help="Which finished jobs: done, failed (the dead-letter queue) or "
+                   "cancelled.")
     p.add_argument("--older-than", required=True, metavar="AGE",
                    help="Only jobs finished longer ago than this: seconds or 30s, 15m, "
                    "12h, 7d (0 = all of them).")
@@ -153,8 +175,23 @@ def configure_pause(sub: Any) -> None:
 def pause_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import pause
 
-    emit(pause(settings, args.queues), render_counts, as_json=args.json)
+    report = pause(settings, args.queues)
+    emit(report, render_counts, as_json=args.json)
+    _warn_never_seen("pause", report, settings, "paused")
     return 0
+
+
+def _warn_never_seen(command: str, report: dict[str, Any], settings: Settings,
+                     done: str) -> None:
+    """One warning line on stderr for queues that no job ever had (as enqueue's)."""
+    unseen = report.get("never_seen") or []
+    if not unseen:
+        return
+    names = ", ".join(repr(n) for n in unseen)
+    which = "queue" if len(unseen) == 1 else "queues"
+    sys.stderr.write(f"drainer {command}: warning: {which} {names} never seen in "
+                     f"{settings.schema_name}.{settings.table} (no job of it, of any status): "
+                     f"a misspelt queue name? {done.capitalize()} all the same.\n")
 
 
 def configure_resume(sub: Any) -> None:
@@ -203,9 +240,11 @@ def configure_limit(sub: Any) -> None:
 def limit_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.ops import limit
 
-    emit(limit(settings, args.queues, max_running=args.limit_max_running,
-               rate=args.limit_rate, clear_max_running=args.clear or args.clear_max_running,
-               clear_rate=args.clear or args.clear_rate), render_limits, as_json=args.json)
+    report = limit(settings, args.queues, max_running=args.limit_max_running,
+                   rate=args.limit_rate, clear_max_running=args.clear or args.clear_max_running,
+                   clear_rate=args.clear or args.clear_rate)
+    emit(report, render_limits, as_json=args.json)
+    _warn_never_seen("limit", report, settings, "limited")
     return 0
 
 

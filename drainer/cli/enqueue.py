@@ -13,6 +13,7 @@ from drainer.cli._output import print_json, seconds_arg
 from drainer.errors import ConfigError
 
 if TYPE_CHECKING:
+    from drainer.registry import Task
     from drainer.settings import Settings
 
 
@@ -143,11 +144,14 @@ def enqueue_command(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("QUEUE must not be empty")
     run_at = _run_at(args)
     payloads = _parse_payloads(args)  # all parsed before anything is written
+    max_attempts = settings.max_attempts
     if settings.app:
-        _check_handler(settings.app, args.queue)
+        task = _check_handler(settings.app, args.queue)
+        # the task's, as task.enqueue(...) stores it, unless --max-attempts says otherwise
+        if task.max_attempts is not None and "max_attempts" not in settings.model_fields_set:
+            max_attempts = task.max_attempts
     common: dict[str, Any] = {"run_at": run_at, "priority": args.priority,
-                              "max_attempts": settings.max_attempts,
-                              "dedup_key": args.dedup_key}
+                              "max_attempts": max_attempts, "dedup_key": args.dedup_key}
     with connect(settings) as conn:
         q = Queries(conn, settings.schema_name, settings.table)
         check_schema(q)
@@ -196,13 +200,16 @@ def _seen(q: Any, queue: str) -> bool:
         return True
 
 
-def _check_handler(app: str, queue: str) -> None:
-    """With --app: the queue must have a handler in it, or nothing would ever drain it."""
+def _check_handler(app: str, queue: str) -> Task:
+    """With --app: the queue's task; the queue must have one, or nothing would ever drain
+    it."""
     from drainer.app import load_app
     from drainer.registry import default_registry
 
     load_app(app)
-    if queue not in default_registry.tasks:
+    task = default_registry.tasks.get(queue)
+    if task is None:
         known = ", ".join(default_registry.queues()) or "none"
         raise ConfigError(f"no handler for queue {queue!r} in {app} (handlers exist for: "
                           f"{known}); nothing was enqueued")
+    return task

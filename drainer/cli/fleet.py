@@ -16,7 +16,13 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import SCOPES, Command, Parser, add_settings_flags
-from drainer.cli._output import JSON_HELP, emit, print_json, text_table
+from drainer.cli._output import (
+    JSON_HELP,
+    emit,
+    print_json,
+    stdout_for_reports_only,
+    text_table,
+)
 from drainer.errors import EXIT_OK, EXIT_TENANTS_FAILED, ConfigError
 
 if TYPE_CHECKING:
@@ -215,7 +221,8 @@ def run_once_command(args: argparse.Namespace, settings: Settings) -> int:
     logs = _tenant_logs()
     stop = threading.Event()
     with stop_on_signals(stop, _stopping("no new turns; running tenants stop claiming, "
-                                         "release what has not started, and are recorded")):
+                                         "release what has not started, and are recorded")
+                         ), stdout_for_reports_only():
         report = run_fleet(settings, stop=stop, logs=logs)
     print_json(report.as_dict())
     return EXIT_TENANTS_FAILED if report.failed else EXIT_OK

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import add_command
-from drainer.cli._output import print_json, seconds_arg
+from drainer.cli._output import print_json, seconds_arg, stdout_for_reports_only
 from drainer.errors import ConfigError, DrainerError
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ def run_once_command(args: argparse.Namespace, settings: Settings) -> int:
 
     progress = progress_printer()
     try:
-        report = run_once(settings, handle_signals=True, progress=progress)
+        with stdout_for_reports_only():  # a handler's print() goes to stderr
+            report = run_once(settings, handle_signals=True, progress=progress)
     finally:
         if progress is not None:
             progress.close()
@@ -81,7 +82,7 @@ def demo_command(args: argparse.Namespace, settings: Settings) -> int:
 
     if settings.database_url is None:
         _say("demo: no DRAINER_DATABASE_URL set, starting a throwaway embedded PostgreSQL ...")
-    with demo_database(settings) as (url, embedded):
+    with stdout_for_reports_only(), demo_database(settings) as (url, embedded):
         schema = settings.schema_name if embedded else f"drainer_demo_{uuid.uuid4().hex[:8]}"
         run_settings = settings.model_copy(update={
             "database_url": SecretStr(url),
@@ -193,7 +194,7 @@ def worker_command(args: argparse.Namespace, settings: Settings) -> int:
         logger.info("received %s: stopping (no new claims; running jobs get the grace "
                     "period)", name)
 
-    with stop_on_signals(stop, stopping):
+    with stop_on_signals(stop, stopping), stdout_for_reports_only():
         stats = Worker(settings, queues, min_poll=min_poll, max_poll=max_poll,
                        stop=stop).run()
     print_json(vars(stats))

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
 
 from drainer.cli._base import add_command
-from drainer.cli._output import print_json, seconds_arg
+from drainer.cli._output import print_json, seconds_arg, stdout_for_reports_only
 from drainer.cli.wake import listen_address, port_number
 from drainer.errors import ConfigError
 
@@ -36,7 +36,9 @@ DRY_RUN_OCCURRENCES = 5
 def configure_schedule(sub: Any) -> None:
     p = add_command(sub, "schedule", "Run the drain on an interval or cron schedule, no "
                     "connection between runs.", schedule_command)
-    p.add_argument("--interval", metavar="SECONDS", help="Seconds between wakes (or 15m, 1h).")
+    p.add_argument("--interval", metavar="SECONDS", help="Seconds between wakes (or 15m, 1h). "
+                   "With --wake-policy known-work, how often it looks at what it knows (a "
+                   "look connects only for a reason) [default there: 1s, and no --cron].")
     p.add_argument("--jitter", metavar="SECONDS", help="Random delay added to each wake.")
     p.add_argument("--cron", metavar="EXPR", help="Crontab expression 'm h dom mon dow' "
                    "(0 and 7 are Sunday).")
@@ -63,8 +65,12 @@ def configure_schedule(sub: Any) -> None:
                    "without a bearer token (only behind something that authenticates).")
 
 
-def wake_schedule_from_args(args: argparse.Namespace) -> WakeSchedule:
+def wake_schedule_from_args(args: argparse.Namespace, policy: str = "always") -> WakeSchedule:
+    """The ticks of --interval or --cron; with --wake-policy known-work and neither, a look
+    every :data:`~drainer.wake_schedule.KNOWN_WORK_TICK_S` (known-work decides when to
+    drain: a tick without a reason connects to nothing)."""
     from drainer.scheduler import WakeSchedule
+    from drainer.wake_schedule import KNOWN_WORK_TICK_S
 
     tz: tzinfo | None = None
     if args.timezone:
@@ -74,8 +80,14 @@ def wake_schedule_from_args(args: argparse.Namespace) -> WakeSchedule:
             tz = ZoneInfo(args.timezone)
         except (ZoneInfoNotFoundError, ValueError):
             raise ConfigError(f"--timezone: unknown time zone {args.timezone!r}") from None
-    return WakeSchedule(interval=seconds_arg("--interval", args.interval), cron=args.cron,
-                        jitter=seconds_arg("--jitter", args.jitter) or 0.0, timezone=tz)
+    interval = seconds_arg("--interval", args.interval)
+    note = ""
+    if policy == "known-work" and interval is None and args.cron is None:
+        interval = KNOWN_WORK_TICK_S
+        note = "known-work looks at what it knows, connecting only for a reason"
+    return WakeSchedule(interval=interval, cron=args.cron,
+                        jitter=seconds_arg("--jitter", args.jitter) or 0.0, timezone=tz,
+                        note=note)
 
 
 def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
@@ -83,7 +95,7 @@ def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.wake_schedule import check_schedule
     from drainer.waking import idle_timeout_of
 
-    wakes = wake_schedule_from_args(args)
+    wakes = wake_schedule_from_args(args, settings.wake_policy)
     idle = idle_timeout_of(settings)
     max_runtime = check_schedule(wakes, idle, settings.max_runtime,
                                  allow_always_on=args.allow_always_on,
@@ -246,7 +258,7 @@ def _run_schedule(args: argparse.Namespace, settings: Settings, plan: _ScheduleP
                          "are left to their lease\n")
         os._exit(1)
 
-    with stop_on_signals(stop, stopping, exit_now):
+    with stop_on_signals(stop, stopping, exit_now), stdout_for_reports_only():
         runs = run_schedule(run_settings, plan.wakes, stop=stop, idle=idle,
                             pull_earlier=args.pull_earlier, on_report=_print_report,
                             policy=plan.policy, max_sleep=settings.max_sleep,

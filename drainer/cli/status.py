@@ -121,13 +121,14 @@ def render_status(st: dict[str, Any]) -> str:
     """The queues' table, then the table's health and the recurring series, a line each."""
     lines = [f"jobs table {st['schema']}.{st['table']} (schema version {st['schema_version']})",
              ""]
-    header = ("queue", "queued", "due", "running", "done", "failed", "oldest due", "expired")
+    header = ("queue", "queued", "due", "running", "done", "failed", "cancelled",
+              "oldest due", "expired")
     table = [header]
     for name, q in st["queues"].items():
         age = q["oldest_due_age_s"]
         table.append((name, str(q["queued"]), str(q["due"]), str(q["running"]), str(q["done"]),
-                      str(q["failed"]), "-" if age is None else f"{age:.0f}s",
-                      str(q["expired_leases"])))
+                      str(q["failed"]), str(q.get("cancelled", 0)),
+                      "-" if age is None else f"{age:.0f}s", str(q["expired_leases"])))
     if len(table) == 1:
         lines.append("(no jobs)")
     else:

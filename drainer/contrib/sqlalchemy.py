@@ -18,18 +18,22 @@ is no second pool and no second transaction. With ``trigger=settings`` (a
 :class:`drainer.settings.Settings` with ``trigger_url``) one drain trigger is fired after the
 session commits (SQLAlchemy's ``after_commit`` event), none after a rollback; in an async
 session the POST is a background task on the running loop.
+
+SQLAlchemy's asyncio extension needs greenlet, which SQLAlchemy 2.1 no longer installs:
+this module never imports it, so a synchronous Session works without greenlet (an
+AsyncSession exists only where the extension, and so greenlet, was imported).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Coroutine, Iterable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
 import psycopg
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from drainer import producer
@@ -39,15 +43,26 @@ from drainer.settings import DEFAULT_SCHEMA, DEFAULT_TABLE
 from drainer.trigger import fire_after_commit
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from typing_extensions import TypeIs
+
     from drainer.settings import Settings
 
 __all__ = ["enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async"]
 
-SyncTarget = Session | Connection
-AsyncTarget = AsyncSession | AsyncConnection
+SyncTarget: TypeAlias = "Session | Connection"
+AsyncTarget: TypeAlias = "AsyncSession | AsyncConnection"
 
 _PENDING_KEY = "drainer.trigger.pending"
 _LISTENING_KEY = "drainer.trigger.listening"
+
+
+def _is_async(target: SyncTarget | AsyncTarget) -> TypeIs[AsyncTarget]:
+    """Whether ``target`` is an AsyncSession or an AsyncConnection, without importing
+    SQLAlchemy's asyncio extension (and greenlet) to ask: one exists only once it is."""
+    extension = sys.modules.get("sqlalchemy.ext.asyncio")
+    return extension is not None and isinstance(
+        target, extension.AsyncSession | extension.AsyncConnection)
 
 
 def _psycopg(raw: Any, what: str) -> Any:
@@ -75,6 +90,8 @@ def _sync_conn(target: SyncTarget) -> psycopg.Connection[Any]:
 
 
 async def _async_conn(target: AsyncTarget) -> psycopg.AsyncConnection[Any]:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
     if isinstance(target, AsyncSession):
         conn = await target.connection()
     elif isinstance(target, AsyncConnection):
@@ -107,8 +124,11 @@ def _session_of(target: SyncTarget | AsyncTarget, settings: Settings | None
     """
     if settings is None:
         return None
-    if isinstance(target, AsyncSession):
-        return target.sync_session
+    if _is_async(target):
+        from sqlalchemy.ext.asyncio import AsyncSession
+
+        if isinstance(target, AsyncSession):
+            return target.sync_session
     if isinstance(target, Session):
         return target
     raise TypeError(
@@ -157,7 +177,7 @@ def enqueue(target: SyncTarget | AsyncTarget, queue: QueueRef, payload: Any, *,
     options: dict[str, Any] = {"run_at": run_at, "priority": priority,
                                "max_attempts": max_attempts, "dedup_key": dedup_key,
                                "schema": schema, "table": table}
-    if isinstance(target, AsyncSession | AsyncConnection):
+    if _is_async(target):
         return enqueue_async(target, queue, payload, trigger=trigger, **options)
     session = _session_of(target, trigger)
     job_id = producer.enqueue(_sync_conn(target), queue_of(queue), payload, **options)
@@ -208,7 +228,7 @@ def enqueue_many(target: SyncTarget | AsyncTarget, jobs: Iterable[Any], *,
     """:func:`drainer.producer.enqueue_many` (COPY) in the transaction of ``target``;
     with ``queue=`` (a name or a ``@task`` handler), ``jobs`` are payloads on that queue,
     with the ``options`` of :func:`enqueue`."""
-    if isinstance(target, AsyncSession | AsyncConnection):
+    if _is_async(target):
         return enqueue_many_async(target, jobs, queue=queue, schema=schema, table=table,
                                   trigger=trigger, **options)
     session = _session_of(target, trigger)

@@ -152,6 +152,10 @@ def identifiers(schema: str, table: str) -> dict[str, sql.Composable]:
         "finished_idx": sql.Identifier(f"{table}_finished_idx"),
         "dedup_idx": sql.Identifier(f"{table}_dedup_idx"),
         "run_at_check": sql.Identifier(f"{table}_run_at_check"),
+        "status_check": sql.Identifier(f"{table}_status_check"),
+        "cancelled_idx": sql.Identifier(f"{table}_cancelled_idx"),
+        # the jobs table as a regclass literal, for a migration's DO block
+        "jobs_regclass": sql.Literal(regclass_literal(schema, table)),
         "recurring_idx": sql.Identifier(f"{table}_recurring_idx"),
         "recurring_queued_idx": sql.Identifier(f"{table}_recurring_queued_idx"),
         "article_idx": sql.Identifier(schema, f"{table}_ready_idx"),

@@ -45,8 +45,9 @@ class ArchiveResult:
 
 def run_once(queries: Queries, config: ArchiverConfig, *, deadline: float | None = None
              ) -> ArchiveResult:
-    """Archive ``done`` jobs finished more than ``archive_after`` ago and ``failed`` jobs
-    (the dead-letter queue) finished more than ``failed_retention`` ago.
+    """Archive ``done`` jobs finished more than ``archive_after`` ago, and ``failed`` jobs
+    (the dead-letter queue) and ``cancelled`` ones finished more than ``failed_retention``
+    ago (both counted in ``failed``).
 
     Each statement handles at most ``batch_size`` rows, so no statement holds
     locks or bloats WAL for long; stops early at ``deadline`` (``time.monotonic()``).
@@ -56,12 +57,14 @@ def run_once(queries: Queries, config: ArchiverConfig, *, deadline: float | None
     move = config.mode == "move"
     counts = {"done": 0, "failed": 0}
     statements = 0
-    for status, older_than in (("done", config.archive_after),
-                               ("failed", config.failed_retention)):
+    # cancelled jobs are kept as long as failed ones, and counted with them
+    for status, older_than, bucket in (("done", config.archive_after, "done"),
+                                       ("failed", config.failed_retention, "failed"),
+                                       ("cancelled", config.failed_retention, "failed")):
         while True:
             n = queries.archive_batch(status, older_than, config.batch_size, move)
             statements += 1
-            counts[status] += n
+            counts[bucket] += n
             if n < config.batch_size:
                 break
             if deadline is not None and time.monotonic() >= deadline:

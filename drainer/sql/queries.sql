@@ -582,7 +582,8 @@ WHERE c.oid = %(regclass)s::regclass;
 
 -- name: finish_run
 -- The end of a drain in one statement (archive-mode delete): one archive_delete batch of
--- done and one of failed jobs, table_health and queue_summary. The archiver goes on with
+-- done, one of failed and one of cancelled jobs (counted with the failed ones: the same
+-- retention), table_health and queue_summary. The archiver goes on with
 -- archive_delete when a batch came back full. unserved_due: as in queue_summary.
 -- if_idle: sent right behind run_start (one round trip for both), only when run_start found
 -- nothing to claim (drainer.idle, set in that transaction); else it does nothing and
@@ -603,9 +604,14 @@ WITH RECURSIVE go AS (
   @finished_delete(status => 'failed', older_than => %(failed_retention)s,
                    only_if => (SELECT go FROM go))
   RETURNING 1
+), cancelled_gone AS (
+  @finished_delete(status => 'cancelled', older_than => %(failed_retention)s,
+                   only_if => (SELECT go FROM go))
+  RETURNING 1
 ), @queued_queues(only_if => true)
 SELECT (SELECT count(*) FROM done_gone) AS archived_done,
-       (SELECT count(*) FROM failed_gone) AS archived_failed,
+       (SELECT count(*) FROM failed_gone) + (SELECT count(*) FROM cancelled_gone)
+         AS archived_failed,
        -- table_health's columns, read with the functions pg_stat_user_tables is made of:
        -- the view computes all its columns (measured: 1.5-2.4 ms in a fresh session, the
        -- functions 0.5-1.2 ms; an empty run is this statement and run_start)
@@ -654,6 +660,14 @@ RETURNING id;
 -- first: the claim index answers that at once). A queue never seen may be a misspelt name.
 SELECT EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(queue)s AND status = 'queued')
     OR EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(queue)s) AS seen;
+
+-- name: queues_never_seen
+-- `drainer pause` and `drainer limit`, before they write: the queues named that have no job
+-- of any status (as queue_seen) and no row of the operator's. A misspelt name?
+SELECT q AS queue FROM unnest(%(queues)s::text[]) AS q
+WHERE NOT EXISTS (SELECT 1 FROM {jobs} WHERE queue = q AND status = 'queued')
+  AND NOT EXISTS (SELECT 1 FROM {jobs} WHERE queue = q)
+  AND NOT EXISTS (SELECT 1 FROM {control} c WHERE c.queue = q);
 
 -- name: enqueue_copy
 -- Bulk enqueue without dedup keys: COPY straight into the table.
@@ -766,7 +780,8 @@ ORDER BY queue;
 -- back VACUUM of every table, the jobs table first). And the recurring series (a JSON
 -- array, in the same statement so status stays four): every recurring_key in the table, its
 -- next occurrence (queued or running, the earliest) and its last finished one, both looked
--- up on the (recurring_key, scheduled_for) index; the paused queues and the limits.
+-- up on the (recurring_key, scheduled_for) index, and the schedule the sync wrote on them;
+-- the paused queues and the limits.
 SELECT pg_total_relation_size(c.oid) AS total_bytes,
        pg_relation_size(c.oid) AS table_bytes,
        pg_indexes_size(c.oid) AS index_bytes,
@@ -781,16 +796,18 @@ SELECT pg_total_relation_size(c.oid) AS total_bytes,
        (SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY r.key), '[]'::jsonb) FROM (
           SELECT k.key, nxt.queue, nxt.scheduled_for AS next_at, nxt.status AS next_status,
                  last.status AS last_status, last.scheduled_for AS last_scheduled_for,
-                 last.finished_at AS last_finished_at, last.last_error
+                 last.finished_at AS last_finished_at, last.last_error,
+                 coalesce(nxt.recurring_schedule, last.recurring_schedule) AS schedule
           FROM (SELECT DISTINCT recurring_key AS key FROM {jobs}
                 WHERE recurring_key IS NOT NULL) k
           LEFT JOIN LATERAL (
-            SELECT queue, scheduled_for, status FROM {jobs}
+            SELECT queue, scheduled_for, status, recurring_schedule FROM {jobs}
             WHERE recurring_key = k.key AND status IN ('queued', 'running')
             ORDER BY scheduled_for LIMIT 1) nxt ON true
           LEFT JOIN LATERAL (
-            SELECT status, scheduled_for, finished_at, last_error FROM {jobs}
-            WHERE recurring_key = k.key AND status IN ('done', 'failed')
+            SELECT status, scheduled_for, finished_at, last_error, recurring_schedule
+            FROM {jobs}
+            WHERE recurring_key = k.key AND status IN ('done', 'failed', 'cancelled')
             ORDER BY scheduled_for DESC LIMIT 1) last ON true) r) AS recurring,
        -- the paused queues (`drainer pause`), with since when: in this statement so that
        -- status stays four
@@ -857,14 +874,15 @@ SELECT id, status, locked_until FROM {jobs} WHERE id = ANY(%(ids)s);
 
 -- name: retry_plan
 -- `drainer retry`, step 1 (in a transaction): the failed jobs named (ids, or one queue, or
--- all), locked, each with a verdict. 'retry' unless: the job was cancelled while running
+-- all; cancelled jobs only by id: --queue and --all-failed leave them cancelled), locked,
+-- each with a verdict. 'retry' unless: the job was cancelled while running
 -- and its owner's lease has not run out yet ('lease_active': the owner may still write
 -- with the attempts it holds, so attempts cannot be reset under it); its dedup_key is
 -- held by a queued or running job ('dedup_taken'); or a newer failed job with the same key
 -- is retried in this call ('dedup_duplicate'). So the dedup unique index is never hit.
 WITH chosen AS (
   SELECT id, queue, dedup_key, locked_until FROM {jobs}
-  WHERE status = 'failed'
+  WHERE (status = 'failed' OR (status = 'cancelled' AND %(ids)s::bigint[] IS NOT NULL))
     AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s))
     AND (%(queue)s::text IS NULL OR queue = %(queue)s)
   FOR UPDATE SKIP LOCKED
@@ -886,15 +904,15 @@ FROM chosen c
 ORDER BY c.id;
 
 -- name: retry_many
--- `drainer retry`, step 2: failed -> queued, attempts reset, due now. last_error is kept
--- until the job runs again (it is the history of the failure).
+-- `drainer retry`, step 2: failed (or cancelled) -> queued, attempts reset, due now.
+-- last_error is kept until the job runs again (it is the history of the failure).
 UPDATE {jobs}
 SET status = 'queued', attempts = 0, run_at = now(), locked_until = NULL, finished_at = NULL
-WHERE id = ANY(%(ids)s) AND status = 'failed'
+WHERE id = ANY(%(ids)s) AND status IN ('failed', 'cancelled')
 RETURNING id;
 
 -- name: cancel_many
--- `drainer cancel`: queued or running -> failed with last_error 'cancelled'. A running job
+-- `drainer cancel`: queued or running -> cancelled, last_error 'cancelled'. A running job
 -- keeps its locked_until: its owner's next heartbeat (extend_many, fenced on status =
 -- 'running') updates 0 rows and tells the handler to stop, its outcome write is fenced the
 -- same way, and retry_plan waits for that lease to run out. Rows locked by a transaction
@@ -905,7 +923,7 @@ WITH target AS (
   FOR UPDATE SKIP LOCKED
 )
 UPDATE {jobs} j
-SET status       = 'failed',
+SET status       = 'cancelled',
     last_error   = 'cancelled',
     locked_until = CASE WHEN target.status = 'running' THEN j.locked_until END,
     finished_at  = now()
@@ -973,7 +991,8 @@ SELECT EXISTS (
 --
 -- The sync makes the definitions rows, whatever their number. %(definitions)s is a JSON
 -- array, one object per definition: its key, queue, hash, catch_up policy, priority and
--- max_attempts, its next fire time after %(now)s (next_at, with the dedup key and payload of
+-- max_attempts, its schedule (cron, time zone, catch_up: what `drainer status` shows
+-- without the app), its next fire time after %(now)s (next_at, with the dedup key and payload of
 -- that occurrence) and its latest fire time at or before %(now)s (latest_at, likewise).
 -- %(missed)s lists, for the `all` policy, the latest fire times at or before %(now)s (at
 -- most catch_up_max of each definition).
@@ -981,7 +1000,8 @@ SELECT EXISTS (
 -- touched, so another deployment's queues, running jobs and retries are left alone.
 --   gone:       future occurrences of definitions deleted from the code, or no longer at
 --               their definition's next fire time (its cron or time zone changed);
---   changed:    the next occurrence, rewritten when the definition's hash changed;
+--   changed:    the next occurrence, rewritten when the definition's hash or its schedule
+--               changed;
 --   superseded: latest/skip: occurrences whose next fire time has passed too (nothing ran
 --               them in time); `latest` replaces them with one run for the latest fire time;
 --   caught_up:  all: the newest such occurrence is marked (recurring_hash NULL) and every
@@ -993,7 +1013,7 @@ SELECT EXISTS (
 WITH d AS MATERIALIZED (
   SELECT * FROM jsonb_to_recordset(%(definitions)s::jsonb) AS d(
     key text, queue text, hash text, catch_up text, priority int, max_attempts int,
-    next_at timestamptz, next_dedup text, next_payload jsonb,
+    schedule jsonb, next_at timestamptz, next_dedup text, next_payload jsonb,
     latest_at timestamptz, latest_dedup text, latest_payload jsonb)
 ), missed AS MATERIALIZED (
   SELECT * FROM jsonb_to_recordset(%(missed)s::jsonb) AS m(
@@ -1012,9 +1032,10 @@ WITH d AS MATERIALIZED (
 ), changed AS (
   UPDATE {jobs} j
   SET queue = d.queue, payload = d.next_payload, priority = d.priority,
-      max_attempts = d.max_attempts, recurring_hash = d.hash
+      max_attempts = d.max_attempts, recurring_hash = d.hash, recurring_schedule = d.schedule
   FROM mine JOIN d ON d.key = mine.key
-  WHERE j.id = mine.id AND mine.scheduled_for = d.next_at AND j.recurring_hash <> d.hash
+  WHERE j.id = mine.id AND mine.scheduled_for = d.next_at
+    AND (j.recurring_hash <> d.hash OR j.recurring_schedule IS DISTINCT FROM d.schedule)
     AND j.status = 'queued' AND j.fence = 0
   RETURNING j.id
 ), superseded AS (
@@ -1036,16 +1057,17 @@ WITH d AS MATERIALIZED (
   RETURNING t.key, t.scheduled_for AS since
 ), inserted AS (
   INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key,
-                      recurring_key, scheduled_for, recurring_hash)
+                      recurring_key, scheduled_for, recurring_hash, recurring_schedule)
   SELECT d.queue, d.next_payload, d.next_at, d.priority, d.max_attempts, d.next_dedup,
-         d.key, d.next_at, d.hash
+         d.key, d.next_at, d.hash, d.schedule
   FROM d WHERE d.next_at IS NOT NULL
   UNION ALL
   SELECT d.queue, d.latest_payload, d.latest_at, d.priority, d.max_attempts, d.latest_dedup,
-         d.key, d.latest_at, d.hash
+         d.key, d.latest_at, d.hash, d.schedule
   FROM d WHERE d.catch_up = 'latest' AND d.key IN (SELECT key FROM superseded)
   UNION ALL
-  SELECT d.queue, m.payload, m.at, d.priority, d.max_attempts, m.dedup, d.key, m.at, d.hash
+  SELECT d.queue, m.payload, m.at, d.priority, d.max_attempts, m.dedup, d.key, m.at, d.hash,
+         d.schedule
   FROM missed m JOIN d ON d.key = m.key JOIN caught_up c ON c.key = m.key
   WHERE m.at > c.since
   ON CONFLICT DO NOTHING
@@ -1138,9 +1160,8 @@ LIMIT %(limit)s;
 -- A scan of the table (run_id has no index: it is read here and by `drainer jobs --run`).
 SELECT run_id, count(*) AS claimed,
        count(*) FILTER (WHERE status = 'done') AS done,
-       count(*) FILTER (WHERE status = 'failed' AND last_error IS DISTINCT FROM 'cancelled')
-         AS failed,
-       count(*) FILTER (WHERE status = 'failed' AND last_error = 'cancelled') AS cancelled,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
        count(*) FILTER (WHERE status = 'queued') AS left_queued,
        count(*) FILTER (WHERE status = 'running' AND locked_until >= now()) AS left_running,
        count(*) FILTER (WHERE status = 'running' AND locked_until < now()) AS left_expired,
@@ -1156,22 +1177,25 @@ LIMIT %(limit)s OFFSET %(offset)s;
 -- name: ui_recurring
 -- The recurring series page: every recurring_key in the table with its next occurrence
 -- (queued or running, the earliest), its last finished one (with its error and run), and
--- how many of its occurrences the table still holds by outcome. The column names of
--- status_table's recurring array, so recurring.series_status reads these rows too.
+-- how many of its occurrences the table still holds by outcome, and the schedule the sync
+-- wrote on them. The column names of status_table's recurring array, so
+-- recurring.series_status reads these rows too.
 SELECT k.key, nxt.queue, nxt.id AS next_id, nxt.scheduled_for AS next_at,
        nxt.status AS next_status, last.id AS last_id, last.status AS last_status,
        last.scheduled_for AS last_scheduled_for, last.finished_at AS last_finished_at,
-       last.last_error, last.run_id AS last_run_id, k.done, k.failed, k.occurrences
+       last.last_error, last.run_id AS last_run_id, k.done, k.failed, k.occurrences,
+       coalesce(nxt.recurring_schedule, last.recurring_schedule) AS schedule
 FROM (SELECT recurring_key AS key, count(*) AS occurrences,
              count(*) FILTER (WHERE status = 'done') AS done,
              count(*) FILTER (WHERE status = 'failed') AS failed
       FROM {jobs} WHERE recurring_key IS NOT NULL GROUP BY recurring_key) k
 LEFT JOIN LATERAL (
-  SELECT id, queue, scheduled_for, status FROM {jobs}
+  SELECT id, queue, scheduled_for, status, recurring_schedule FROM {jobs}
   WHERE recurring_key = k.key AND status IN ('queued', 'running')
   ORDER BY scheduled_for LIMIT 1) nxt ON true
 LEFT JOIN LATERAL (
-  SELECT id, status, scheduled_for, finished_at, last_error, run_id FROM {jobs}
-  WHERE recurring_key = k.key AND status IN ('done', 'failed')
+  SELECT id, status, scheduled_for, finished_at, last_error, run_id, recurring_schedule
+  FROM {jobs}
+  WHERE recurring_key = k.key AND status IN ('done', 'failed', 'cancelled')
   ORDER BY scheduled_for DESC LIMIT 1) last ON true
 ORDER BY k.key;

@@ -32,13 +32,17 @@ CREATE TABLE IF NOT EXISTS {migrations} (
 --   result: what the handler returned; run_id: the run that last claimed the job;
 --   recurring_key, scheduled_for, recurring_hash: a recurring definition's occurrence;
 --   snoozes, snoozed_at: a handler's snoozes, which use no attempt;
---   trace_context: the producer's W3C trace context (traceparent, tracestate), or NULL.
+--   trace_context: the producer's W3C trace context (traceparent, tracestate), or NULL;
+--   recurring_schedule: an occurrence's definition as the recurring sync last wrote it
+--     ({{"cron", "timezone", "catch_up"}}).
+-- status 'cancelled': `drainer cancel`'s, apart from 'failed' (retry --all-failed skips it).
 CREATE TABLE IF NOT EXISTS {jobs} (
   id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   queue          text        NOT NULL DEFAULT 'default',
   payload        jsonb       NOT NULL DEFAULT '{{}}'::jsonb,
   status         text        NOT NULL DEFAULT 'queued'
-                 CHECK (status IN ('queued', 'running', 'done', 'failed')),
+                 CONSTRAINT {status_check}
+                 CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled')),
   run_at         timestamptz NOT NULL DEFAULT now(),
   attempts       int         NOT NULL DEFAULT 0,
   max_attempts   int         NOT NULL DEFAULT 5,
@@ -59,6 +63,7 @@ CREATE TABLE IF NOT EXISTS {jobs} (
   snoozes        int         NOT NULL DEFAULT 0,
   snoozed_at     timestamptz,
   trace_context  jsonb,
+  recurring_schedule jsonb,
   -- a run_at the client can represent
   CONSTRAINT {run_at_check}
     CHECK (run_at >= '1970-01-01 00:00:00+00' AND run_at <= '9999-01-01 00:00:00+00')
@@ -74,9 +79,10 @@ CREATE INDEX IF NOT EXISTS {claim_idx} ON {jobs} (queue, priority DESC, run_at, 
   WHERE status = 'queued';
 -- The reaper looks only at running rows.
 CREATE INDEX IF NOT EXISTS {lease_idx} ON {jobs} (locked_until) WHERE status = 'running';
--- The archiver looks only at finished rows, oldest first.
+-- The archiver looks only at finished rows, oldest first (cancelled ones on their own).
 CREATE INDEX IF NOT EXISTS {finished_idx} ON {jobs} (status, finished_at)
   WHERE status IN ('done', 'failed');
+CREATE INDEX IF NOT EXISTS {cancelled_idx} ON {jobs} (finished_at) WHERE status = 'cancelled';
 -- At most one queued or running job per dedup_key.
 CREATE UNIQUE INDEX IF NOT EXISTS {dedup_idx} ON {jobs} (dedup_key)
   WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running');

@@ -4,7 +4,8 @@ A page links to ``GET /confirm/<action>?...``, which says what the action will d
 retry and cancel: the library's own dry run) and holds the form that ``POST``s it to
 ``/act/<action>``. Performing one calls the functions ``drainer retry``, ``cancel``,
 ``pause``, ``resume`` and ``limit`` call (drainer/ops.py), so it is fenced as theirs are:
-retry takes failed jobs only and skips those whose cancelled owner still holds a lease,
+retry takes failed jobs only (a job named: a cancelled one too) and skips those whose
+cancelled owner still holds a lease,
 cancel takes queued and running jobs only, and a running job's owner learns it at its
 next heartbeat.
 """
@@ -110,9 +111,10 @@ class Action:
                      "`drainer retry`). Jobs whose dedup key is held by another queued or "
                      "running job, and jobs cancelled while running whose owner's lease has "
                      "not run out, are skipped.",
-            "cancel": "A queued or running job becomes failed with last_error 'cancelled' "
-                      "(as `drainer cancel`). A running job's owner learns it at its next "
-                      "heartbeat and its outcome is not written. Done and failed jobs are "
+            "cancel": "A queued or running job becomes cancelled, last_error 'cancelled' "
+                      "(as `drainer cancel`): a retry of the queue's failed jobs leaves it, a "
+                      "retry of the job takes it back. A running job's owner learns it at "
+                      "its next heartbeat and its outcome is not written. Finished jobs are "
                       "left alone.",
             "pause": "No drainer claims this queue's jobs from its next run on (a run reads "
                      "the paused queues once, at its start); jobs keep arriving and wait "

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: Statuses of the jobs filter (the table's CHECK constraint).
-STATUSES = ("queued", "running", "done", "failed")
+STATUSES = ("queued", "running", "done", "failed", "cancelled")
 #: Jobs on one page of the jobs list.
 PAGE_SIZE = 50
 #: Runs on one page of the runs list.

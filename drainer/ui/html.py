@@ -36,7 +36,7 @@ th{background:#f3f5f8}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .pill{display:inline-block;padding:0 7px;border-radius:9px;font-size:12px;font-weight:600}
 .queued{background:#e4ecfb;color:#234a8a}.running{background:#fff1d6;color:#7a4d00}
 .done{background:#e0f0e3;color:#17612a}.failed{background:#fde2e1;color:#8a1c17}
-.paused{background:#ece4fb;color:#4b2a8a}
+.paused{background:#ece4fb;color:#4b2a8a}.cancelled{background:#eceef1;color:#4a5260}
 pre{background:#f6f8fa;border:1px solid #dde1e8;padding:8px 10px;overflow:auto;
 max-height:420px;font-size:12.5px;white-space:pre-wrap;word-break:break-word}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:3px 16px;margin:6px 0}

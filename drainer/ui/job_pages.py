@@ -97,7 +97,7 @@ def job_page(frame: Frame, snap: Snapshot[JobView], job_id: int,
                     tag("p", f"No job {job_id} in the table (archived or purged, or never "
                         "there).", class_="note bad"), snap.read)
     acts = join([button(frame, "retry…", "retry", job=job["id"])
-                 if job["status"] == "failed" else "",
+                 if job["status"] in ("failed", "cancelled") else "",
                  button(frame, "cancel…", "cancel", job=job["id"])
                  if job["status"] in ("queued", "running") else ""], " ")
     error = (tag("pre", job["last_error"]) if job["last_error"] is not None

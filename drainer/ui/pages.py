@@ -59,7 +59,8 @@ def _queue_row(frame: Frame, name: str, q: dict[str, Any], lim: dict[str, Any] |
                  if q["failed"] else Safe("")], " ")
     return [link(links.jobs(JobFilter(queue=name)), name), q["due"],
             q["queued"] - q["due"], count("running", q["running"]),
-            count("failed", q["failed"]), count("done", q["done"]),
+            count("failed", q["failed"]), count("cancelled", q.get("cancelled", 0)),
+            count("done", q["done"]),
             pill("paused") if q["paused"] else "no", _limits_text(lim),
             seconds(q["oldest_due_age_s"]), when(q["next_due_at"]), q["expired_leases"],
             "-" if top is None else f"{top['jobs']}× {top['error'] or '(no last_error)'}",
@@ -85,13 +86,13 @@ def queues_page(frame: Frame, snap: Snapshot[dict[str, Any]]) -> str:
     rows = [_queue_row(frame, name, q, lims.get(name)) for name, q in st["queues"].items()]
     t = st["totals"]
     rows.append([Safe("<b>all</b>"), t["due"], t["queued"] - t["due"], t["running"],
-                 t["failed"], t["done"], len(st["paused_queues"]), "",
+                 t["failed"], t.get("cancelled", 0), t["done"], len(st["paused_queues"]), "",
                  seconds(st["oldest_due_age_s"]), when(st["next_due_at"]),
                  t["expired_leases"], "", ""])
     body = [actions_note(frame),
-            table(("queue", "due", "delayed", "running", "failed", "done", "paused",
-                   "limits", "oldest due", "next due", "expired leases",
-                   "most common error", ""), rows, numeric=(1, 2, 3, 4, 5, 10)),
+            table(("queue", "due", "delayed", "running", "failed", "cancelled", "done",
+                   "paused", "limits", "oldest due", "next due", "expired leases",
+                   "most common error", ""), rows, numeric=(1, 2, 3, 4, 5, 6, 11)),
             _limit_form(frame, list(st["queues"])),
             tag("h2", "The jobs table"),
             dl([("table", f"{st['schema']}.{st['table']} (schema version "

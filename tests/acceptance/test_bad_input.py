@@ -9,6 +9,8 @@ on stdout, the database unchanged, and the DSN password nowhere in the output.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,7 +22,7 @@ from psycopg import sql
 
 from drainer.producer import JobSpec, enqueue_many
 from drainer.settings import Settings
-from tests.conftest import run_cli
+from tests.conftest import ROOT, cli_env, run_cli
 from tests.reliability._helpers import secret_dsn
 
 
@@ -237,3 +239,18 @@ def test_successful_commands_never_print_the_password(
         result = run_cli(args, pg_url=url, schema=schema, timeout=60, **env)
         assert result.returncode == 0, (args, result.stderr)
         assert pw not in result.stdout + result.stderr, args
+
+
+def test_status_on_a_database_that_is_down_says_so_in_about_a_second() -> None:
+    """One retry, one warning, then exit 3 (a drain keeps its backoff for a compute that
+    resumes: 0.5 s + 1 s + 2 s + 4 s + 8 s)."""
+    env = {k: v for k, v in cli_env("postgresql://u:Pw_7q@127.0.0.1:1/db", None).items()
+           if k != "DRAINER_CONNECT_RETRIES"}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "drainer", "status"], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=ROOT)
+    took = time.monotonic() - started
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.count("connect attempt") == 1, proc.stderr
+    assert "unreachable after 2 attempts" in proc.stderr and "Pw_7q" not in proc.stderr
+    assert took < 5, took

@@ -91,12 +91,12 @@ def test_a_table_one_migration_behind_is_exit_4_for_the_drain_too(pg_url: str,
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         migrate(conn, schema, "jobs")
-        # back to version 6: undo 0007 (the control table's limit columns)
-        for column in ("max_running", "rate_count", "rate_period_s", "rate_at", "rate_n",
-                       "rate_next_at"):
-            conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(
-                sql.Identifier(schema, "jobs_queues"), sql.Identifier(column)))
-        conn.execute(sql.SQL("DELETE FROM {} WHERE version = 7").format(
+        # one version back: undo 0010 (the recurring_schedule column, the cancelled index)
+        conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN recurring_schedule").format(
+            sql.Identifier(schema, "jobs")))
+        conn.execute(sql.SQL("DROP INDEX {}").format(
+            sql.Identifier(schema, "jobs_cancelled_idx")))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE version = 10").format(
             sql.Identifier(schema, "drainer_migrations")))
     for args in (["run-once", "--app", "sample_jobs"], ["status"]):
         proc = run_cli(args, pg_url=pg_url, schema=schema)
@@ -192,3 +192,19 @@ def test_sigterm_releases_unstarted_jobs(pg_url: str, schema: str,
     rows = conn.execute(sql.SQL("SELECT status, attempts, count(*) FROM {} GROUP BY 1, 2 "
                                 "ORDER BY 1").format(sql.Identifier(schema, "jobs"))).fetchall()
     assert rows == [("done", 1, 1), ("queued", 0, 9)]
+
+
+def test_run_once_stdout_is_the_report_alone_when_handlers_print(pg_url: str,
+                                                                 schema: str) -> None:
+    """`drainer run-once | jq` reads one JSON object: what handlers write to stdout (print,
+    fd 1, a child process) goes to stderr."""
+    assert run_cli(["migrate"], pg_url=pg_url, schema=schema).returncode == 0
+    for _ in range(2):
+        assert run_cli(["enqueue", "chatty", "{}"], pg_url=pg_url, schema=schema
+                       ).returncode == 0
+    proc = run_cli(["run-once", "--app", "printing_jobs"], pg_url=pg_url, schema=schema)
+    assert proc.returncode == 0, proc.stderr
+    [line] = proc.stdout.splitlines()
+    assert json.loads(line)["succeeded"] == 2
+    for said in ("print from job", "fd 1 from job", "child of job"):
+        assert proc.stderr.count(said) == 2, proc.stderr

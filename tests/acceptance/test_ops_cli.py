@@ -84,8 +84,9 @@ def test_commands_print_json_counts(migrated: Settings, conn: Conn, pg_url: str,
     cancelled = ok_json(["cancel", "--id", str(queued[1]), "--id", str(old_done[0])],
                         pg_url, schema)
     assert cancelled["cancelled"] == 1 and cancelled["already_finished_ids"] == [old_done[0]]
-    assert row(conn, s, queued[1])["last_error"] == "cancelled"
-    assert ok_json(["retry", "--all-failed"], pg_url, schema)["retried"] == 1
+    assert (row(conn, s, queued[1])["status"], row(conn, s, queued[1])["last_error"]) == (
+        "cancelled", "cancelled")
+    assert ok_json(["retry", "--all-failed"], pg_url, schema)["retried"] == 0
 
     purged = ok_json(["purge", "--status", "done", "--older-than", "7d"], pg_url, schema)
     assert purged["purged"] == 3
@@ -116,7 +117,12 @@ def test_dry_runs_change_nothing(migrated: Settings, conn: Conn, pg_url: str,
     ["retry", "--queue", "a", "--all-failed"],
     ["retry", "--id", "1", "--queue", "a"],
     ["retry", "--id", "0"],
+    ["retry", "1", "--queue", "a"],
+    ["retry", "1", "--id", "2"],
+    ["retry", "0"],
     ["cancel"],
+    ["cancel", "1", "--id", "2"],
+    ["cancel", "x"],
     ["cancel", "--id", "x"],
     ["purge", "--older-than", "7d"],
     ["purge", "--status", "done"],
@@ -255,6 +261,93 @@ def test_retry_and_cancel_of_unknown_ids_name_them_and_exit_1_when_none_exists(
     assert p.returncode == 0 and _said(p.stderr) == []  # found, finished: no warning
 
 
+def test_retry_and_cancel_take_the_ids_positionally_as_show_does(
+        migrated: Settings, conn: Conn, pg_url: str, schema: str) -> None:
+    failed = add(conn, migrated, "mail", 2, status="failed")
+    queued = add(conn, migrated, "mail", 2)
+    shown = ok_json(["show", str(failed[0])], pg_url, schema)
+    assert shown["status"] == "failed"
+    retried = ok_json(["retry", *map(str, failed)], pg_url, schema)
+    assert retried["retried"] == 2 and retried["retried_ids"] == failed
+    cancelled = ok_json(["cancel", str(queued[0]), str(queued[1]), "--dry-run"], pg_url,
+                        schema)
+    assert cancelled["cancelled"] == 2 and cancelled["dry_run"]
+    cancelled = ok_json(["cancel", str(queued[0])], pg_url, schema)
+    assert cancelled["cancelled_ids"] == [queued[0]]
+    assert row(conn, migrated, queued[1])["status"] == "queued"
+    # the flag form as before
+    assert ok_json(["cancel", "--id", str(queued[1])], pg_url, schema)["cancelled"] == 1
+
+
 def _said(stderr: str) -> list[str]:
     """The lines of stderr that are not log records (JSON lines)."""
     return [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("{")]
+
+
+def test_pause_and_limit_warn_for_a_queue_never_seen_as_enqueue_does(
+        migrated: Settings, conn: Conn, pg_url: str, schema: str) -> None:
+    add(conn, migrated, "mail", 1, status="done")
+    p = run_cli(["pause", "no such queue!", "mail"], pg_url=pg_url, schema=schema)
+    assert p.returncode == 0, p.stderr
+    assert _said(p.stderr) == [
+        f"drainer pause: warning: queue 'no such queue!' never seen in {schema}.jobs (no "
+        "job of it, of any status): a misspelt queue name? Paused all the same."]
+    assert json.loads(p.stdout) == {"paused": ["mail", "no such queue!"], "already_paused": [],
+                                    "never_seen": ["no such queue!"]}
+    # paused once, it is known: no warning the second time, nor for a queue with jobs
+    p = run_cli(["pause", "no such queue!", "mail"], pg_url=pg_url, schema=schema)
+    assert p.returncode == 0 and _said(p.stderr) == [], p.stderr
+    p = run_cli(["limit", "mial", "--max-running", "2"], pg_url=pg_url, schema=schema)
+    assert p.returncode == 0 and _said(p.stderr) == [
+        f"drainer limit: warning: queue 'mial' never seen in {schema}.jobs (no job of it, of "
+        "any status): a misspelt queue name? Limited all the same."], p.stderr
+    p = run_cli(["limit", "mail", "--max-running", "2"], pg_url=pg_url, schema=schema)
+    assert p.returncode == 0 and _said(p.stderr) == [], p.stderr
+
+
+def test_enqueue_with_app_stores_the_task_max_attempts(
+        migrated: Settings, conn: Conn, pg_url: str, schema: str) -> None:
+    """@task("fails_twice", max_attempts=2): the row says 2, so `jobs` shows 0/2 without
+    --app; --max-attempts (or its variable) still wins."""
+    one = ok_json(["enqueue", "fails_twice", "{}", "--app", "ops_jobs"], pg_url, schema)
+    assert row(conn, migrated, one["id"])["max_attempts"] == 2
+    p = run_cli(["enqueue", "fails_twice", "--app", "ops_jobs"], pg_url=pg_url, schema=schema,
+                input='{"a": 1}\n{"a": 2}\n')
+    assert p.returncode == 0, p.stderr
+    listed = ok_json(["jobs"], pg_url, schema)
+    assert [j["max_attempts"] for j in listed] == [2, 2, 2]
+    code, out = run_in_pty(["jobs"], cli_env(pg_url, schema))
+    assert code == 0 and out.count(" 0/2 ") == 3, out
+    given = ok_json(["enqueue", "fails_twice", "{}", "--app", "ops_jobs", "--max-attempts", "4"],
+                    pg_url, schema)
+    assert row(conn, migrated, given["id"])["max_attempts"] == 4
+    p = run_cli(["enqueue", "fails_twice", "{}", "--app", "ops_jobs"], pg_url=pg_url,
+                schema=schema, DRAINER_MAX_ATTEMPTS="7")
+    assert row(conn, migrated, json.loads(p.stdout)["id"])["max_attempts"] == 7
+    # a task that sets none: the default
+    plain = ok_json(["enqueue", "fails", "{}", "--app", "ops_jobs"], pg_url, schema)
+    assert row(conn, migrated, plain["id"])["max_attempts"] == 5
+
+
+def test_a_cancelled_job_stays_cancelled_through_retry_all_failed(
+        migrated: Settings, conn: Conn, pg_url: str, schema: str) -> None:
+    """cancel, then retry --all-failed (or --queue): the cancelled job does not come back;
+    it shows as cancelled in status and jobs; retry by its id takes it back."""
+    [queued] = add(conn, migrated, "mail", 1)
+    [failed] = add(conn, migrated, "mail", 1, status="failed", last_error="SMTP 451")
+    assert ok_json(["cancel", str(queued)], pg_url, schema)["cancelled"] == 1
+    retried = ok_json(["retry", "--all-failed"], pg_url, schema)
+    assert retried["retried"] == 1 and row(conn, migrated, failed)["status"] == "queued"
+    assert ok_json(["retry", "--queue", "mail"], pg_url, schema)["retried"] == 0
+    assert row(conn, migrated, queued)["status"] == "cancelled"
+    st = ok_json(["status", "--json"], pg_url, schema)
+    assert (st["queues"]["mail"]["cancelled"], st["queues"]["mail"]["failed"]) == (1, 0)
+    assert st["totals"]["cancelled"] == 1
+    listed = ok_json(["jobs", "--status", "cancelled"], pg_url, schema)
+    assert [(j["id"], j["status"]) for j in listed] == [(queued, "cancelled")]
+    code, out = run_in_pty(["status"], cli_env(pg_url, schema))
+    assert code == 0 and re.search(r"queue +queued +due +running +done +failed +cancelled",
+                                   out), out
+    assert ok_json(["cancel", str(queued)], pg_url, schema)["already_finished"] == 1
+    back = ok_json(["retry", str(queued)], pg_url, schema)
+    assert back["retried_ids"] == [queued] and row(conn, migrated, queued)["status"] == "queued"

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from drainer.settings import Settings
-from tests.conftest import run_cli
+from tests.acceptance.test_ops_cli import run_in_pty
+from tests.conftest import cli_env, run_cli
 
 UTC = timezone.utc
 
@@ -87,6 +88,24 @@ def test_next_wake_and_status_after_a_drain(pg_url: str, migrated: Settings) -> 
     assert set(series) == {"tick", "weekday-digest"}
     assert series["weekday-digest"]["cron"] == "0 8 * * mon-fri"
     assert series["weekday-digest"]["next_in_table"] is True
+
+
+def test_status_without_the_app_shows_each_series_schedule(pg_url: str,
+                                                         migrated: Settings) -> None:
+    """The sync writes each occurrence's cron, time zone and catch-up on its row: status
+    (and the dashboard) read them from the table, with no --app."""
+    schema = migrated.schema_name
+    assert run_cli(["run-once", "--app", "recurring_jobs"], pg_url=pg_url,
+                   schema=schema).returncode == 0
+    status = run_cli(["status", "--json"], pg_url=pg_url, schema=schema)
+    assert status.returncode == 0, status.stderr
+    series = {s["key"]: s for s in json.loads(status.stdout)["recurring"]}
+    assert {k: (s["cron"], s["timezone"], s["catch_up"]) for k, s in series.items()} == {
+        "tick": ("* * * * *", "UTC", "latest"),
+        "weekday-digest": ("0 8 * * mon-fri", "Europe/Berlin", "latest")}
+    assert series["tick"]["defined"] is None  # no app loaded: not said either way
+    code, out = run_in_pty(["status"], cli_env(pg_url, schema))
+    assert code == 0 and "0 8 * * mon-fri (Europe/Berlin)" in out, out
 
 
 def test_dry_run_lists_the_definitions_and_their_wakes() -> None:

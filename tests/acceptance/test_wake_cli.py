@@ -115,3 +115,39 @@ def test_dry_run_and_refusals(pg_url: str, schema: str) -> None:
     res = run_cli([*ARGS, "--listen", "127.0.0.1:0", "--dry-run"], pg_url=pg_url,
                   schema=schema)
     assert res.returncode == 2 and "no trigger token" in res.stderr
+
+
+def test_known_work_starts_without_interval_or_cron(
+        migrated: Settings, conn: psycopg.Connection[Any], pg_url: str) -> None:
+    """known-work knows when to wake: with no --interval or --cron it looks every second,
+    drains in full at the start, and wakes for the later job the start saw once it is due
+    and the idle timeout has passed."""
+    from psycopg import sql
+
+    schema = migrated.schema_name
+    first = insert_plain(conn, schema, "noop")
+    later = conn.execute(sql.SQL("INSERT INTO {} (queue, payload, run_at) VALUES ('noop', "
+                                 "'{{}}', now() + interval '2 seconds') RETURNING id").format(
+                             sql.Identifier(schema, "jobs"))).fetchone()
+    assert later is not None
+    proc = DrainerProcess(["schedule", "--wake-policy", "known-work", "--max-sleep", "1h",
+                           "--idle-timeout", "1"], pg_url=pg_url, schema=schema,
+                          DRAINER_APP="sample_jobs", DRAINER_LOG_LEVEL="DEBUG")
+    try:
+        proc.wait_log("wake: start: one full drain", timeout=20)
+        assert proc.wait_log("scheduled: every 1.0 s", timeout=5)
+        proc.wait_log("wake: retry due", timeout=20)
+        deadline = time.monotonic() + 10
+        while status(conn, schema, later[0]) != "done":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert status(conn, schema, first) == "done"
+        assert proc.terminate() == 0
+        assert [r["succeeded"] for r in reports(proc.stdout)] == [1, 1]
+    finally:
+        proc.kill()
+    res = run_cli(["schedule", "--idle-timeout", "1", "--dry-run"], pg_url=pg_url,
+                  schema=schema)
+    assert res.returncode == 2
+    assert ("give either --interval SECONDS or --cron 'm h dom mon dow': when to wake and "
+            "drain (--wake-policy known-work needs neither") in res.stderr

@@ -37,15 +37,17 @@ def test_the_queues_page_shows_each_queues_figures_as_the_table_has_them(
     for queue in ("emails", "webhooks", "reports", "fanout", "nightly"):
         cells = _cells(browser, queue)
         queued = counts.get((queue, "queued"), 0)
-        assert cells[1:6] == [str(due.get(queue, 0)), str(queued - due.get(queue, 0)),
+        assert cells[1:7] == [str(due.get(queue, 0)), str(queued - due.get(queue, 0)),
                               str(counts.get((queue, "running"), 0)),
                               str(counts.get((queue, "failed"), 0)),
+                              str(counts.get((queue, "cancelled"), 0)),
                               str(counts.get((queue, "done"), 0))], (queue, cells)
-    assert _cells(browser, "webhooks")[6] == "paused"
-    assert "max 2 running (operator)" in _cells(browser, "reports")[7]
-    assert "100/m (operator)" in _cells(browser, "reports")[7]
-    assert _cells(browser, "webhooks")[10] == "1"  # the dead run's expired lease
-    assert "RuntimeError: renderer crashed" in _cells(browser, "reports")[11]
+    assert sum(n for (_q, s), n in counts.items() if s == "cancelled") == 1  # the demo's
+    assert _cells(browser, "webhooks")[7] == "paused"
+    assert "max 2 running (operator)" in _cells(browser, "reports")[8]
+    assert "100/m (operator)" in _cells(browser, "reports")[8]
+    assert _cells(browser, "webhooks")[11] == "1"  # the dead run's expired lease
+    assert "RuntimeError: renderer crashed" in _cells(browser, "reports")[12]
     shot(browser, "queues")
 
 

@@ -184,6 +184,21 @@ def test_manage_py_drainer_migrate_and_run_once(schema: str, pg_url: str) -> Non
     assert bad.returncode == 2 and "nope" in bad.stderr
 
 
+def test_manage_py_drainer_names_itself_in_usage_and_errors() -> None:
+    proc = _manage("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: manage.py drainer "), proc.stdout[:200]
+    proc = _manage("run-once", "--help")
+    assert proc.stdout.startswith("usage: manage.py drainer run-once "), proc.stdout[:200]
+    proc = _manage("run-once", "--no-such-flag")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("manage.py drainer run-once: error: unrecognized arguments: "
+                                  "--no-such-flag (see manage.py drainer run-once --help)")
+    proc = _manage("retry", "--queue", "q", "--schema", "no_such_schema_here")
+    assert proc.stderr.strip().splitlines()[-1].startswith("manage.py drainer retry: "), \
+        proc.stderr
+
+
 def test_call_command_runs_drainer_in_process_and_raises_on_its_exit_code(
         schema: str, pg_url: str) -> None:
     """call_command (Django's in-process API, e.g. in a data migration or a test) migrates

@@ -185,3 +185,47 @@ def test_a_task_handler_stands_for_its_queue(engine: Engine, migrated: Settings,
     with Session(engine) as session, session.begin():
         dsa.enqueue(session, send_invoice, {"order": 1}, schema=migrated.schema_name)
     assert count_jobs(pg_url, migrated.schema_name, "invoices") == 1
+
+
+#: Run with greenlet hidden (SQLAlchemy 2.1 no longer installs it): a synchronous Session
+#: enqueues; an AsyncSession asks for greenlet in SQLAlchemy's own words.
+_WITHOUT_GREENLET = r"""
+import sys
+
+class HideGreenlet:
+    def find_spec(self, name, path=None, target=None):
+        if name == "greenlet" or name.startswith("greenlet."):
+            raise ModuleNotFoundError("No module named 'greenlet'", name="greenlet")
+        return None
+
+sys.meta_path.insert(0, HideGreenlet())
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+from drainer.contrib.sqlalchemy import enqueue
+
+url, schema = sys.argv[1:3]
+engine = create_engine(url)
+with Session(engine) as session, session.begin():
+    print(enqueue(session, "emails", {"order": 7}, schema=schema))
+assert "greenlet" not in sys.modules and "sqlalchemy.ext.asyncio" not in sys.modules
+try:
+    import sqlalchemy.ext.asyncio  # noqa: F401
+except ImportError as exc:
+    print("asyncio:", exc)
+"""
+
+
+def test_a_sync_session_enqueues_without_greenlet(migrated: Settings, pg_url: str) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_GREENLET, sa_url(pg_url),
+                           migrated.schema_name], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    job_id, asyncio_line = proc.stdout.splitlines()
+    assert int(job_id) > 0 and count_jobs(pg_url, migrated.schema_name) == 1
+    assert "greenlet" in asyncio_line

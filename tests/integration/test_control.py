@@ -422,7 +422,8 @@ def test_pause_resume_and_show_from_the_command_line(migrated: Settings, pg_url:
     out = run_cli(["pause", "emails", "sms", "--json"], pg_url=pg_url,
                   schema=migrated.schema_name)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == {"paused": ["emails", "sms"], "already_paused": []}
+    assert json.loads(out.stdout) == {"paused": ["emails", "sms"], "already_paused": [],
+                                      "never_seen": ["emails", "sms"]}
     out = run_cli(["status", "--json"], pg_url=pg_url, schema=migrated.schema_name)
     assert sorted(json.loads(out.stdout)["paused_queues"]) == ["emails", "sms"]
     out = run_cli(["resume", "sms"], pg_url=pg_url, schema=migrated.schema_name)

@@ -339,6 +339,27 @@ def test_archive_deletes_only_old_done_rows_in_batches(migrated: Settings, regis
     assert rows == [("done", 7), ("failed", 7)]
 
 
+@pytest.mark.parametrize("mode", ["delete", "move"])
+def test_cancelled_jobs_are_archived_after_the_failed_retention(
+        mode: str, migrated: Settings, registry: Registry,
+        conn: psycopg.Connection[Any]) -> None:
+    @registry.task("arch")
+    def handler(job: Job) -> None:
+        pass
+
+    t = jobs_table(migrated)
+    conn.execute(sql.SQL(
+        "INSERT INTO {} (queue, payload, status, last_error, finished_at) SELECT 'arch', "
+        "'{{}}', 'cancelled', 'cancelled', now() - d FROM (VALUES (interval '40 days'), "
+        "(interval '8 days')) v(d), generate_series(1, 4)").format(t))
+    report = run_once(migrated.model_copy(update={"archive_mode": mode,
+                                                  "archive_batch_size": 3}),
+                      registry=registry)
+    assert report.archived == 4  # the 4 cancelled 40 days ago (failed retention: 30 days)
+    rows = conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY 1").format(t))
+    assert rows.fetchall() == [("cancelled", 4)]
+
+
 def test_archive_move(migrated: Settings, registry: Registry,
                       conn: psycopg.Connection[Any]) -> None:
     @registry.task("arch")

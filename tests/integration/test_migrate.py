@@ -96,3 +96,52 @@ def test_hostile_names_are_names(conn: psycopg.Connection[Any], schema: str) -> 
     found = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = %s AND "
                          "tablename = %s", [schema, weird_table]).fetchone()
     assert found == (1,)
+
+
+def _migrate_to(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
+    """The table as the migrations up to ``version`` left it (an older drainer's)."""
+    from drainer.db import identifiers
+
+    ids = identifiers(schema, "jobs")
+    for step in migrations():
+        if step.version > version:
+            break
+        conn.execute(sql.SQL(step.text).format(**ids))  # type: ignore[arg-type]
+        if step.version:
+            conn.execute(sql.SQL("INSERT INTO {} (table_name, version, name) VALUES "
+                                 "(%s, %s, %s)").format(ids["migrations"]),
+                         ["jobs", step.version, step.name])
+
+
+def test_jobs_cancelled_before_the_cancelled_status_take_it(
+        conn: psycopg.Connection[Any], schema: str) -> None:
+    _migrate_to(conn, schema, 7)
+    jobs = sql.Identifier(schema, "jobs")
+    conn.execute(sql.SQL("INSERT INTO {} (queue, status, last_error, finished_at) VALUES "
+                         "('a', 'failed', 'cancelled', now()), ('a', 'failed', 'boom', now()),"
+                         " ('a', 'queued', NULL, NULL)").format(jobs))
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(sql.SQL("UPDATE {} SET status = 'cancelled' WHERE id < 0 OR "
+                             "last_error = 'boom'").format(jobs))
+    assert migrate(conn, schema, "jobs").to_version == latest_version()
+    rows = conn.execute(sql.SQL("SELECT status, last_error FROM {} ORDER BY id").format(jobs))
+    assert rows.fetchall() == [("cancelled", "cancelled"), ("failed", "boom"),
+                               ("queued", None)]
+    assert "recurring_schedule" in _columns(conn, schema, "jobs")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(sql.SQL("UPDATE {} SET status = 'gone'").format(jobs))
+
+
+def test_an_adopted_table_whose_status_check_has_its_own_name_takes_cancelled(
+        conn: psycopg.Connection[Any], schema: str) -> None:
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    conn.execute(sql.SQL(ARTICLE_DDL).format(jobs=sql.Identifier(schema, "jobs")))
+    conn.execute(sql.SQL("ALTER TABLE {} RENAME CONSTRAINT jobs_status_check TO "
+                         "our_status_rule").format(sql.Identifier(schema, "jobs")))
+    migrate(conn, schema, "jobs")
+    checks = conn.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass "
+                          "AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%%status%%'",
+                          [f'"{schema}"."jobs"']).fetchall()
+    assert checks == [("jobs_status_check",)]
+    conn.execute(sql.SQL("UPDATE {} SET status = 'cancelled' WHERE id = 1").format(
+        sql.Identifier(schema, "jobs")))

@@ -292,7 +292,7 @@ def test_cancel_queued_and_leave_finished(migrated: Settings, conn: Conn) -> Non
     assert (report["cancelled"], report["cancelled_queued"], report["already_finished"],
             report["not_found"]) == (1, 1, 2, 1)
     r = row(conn, s, q1)
-    assert (r["status"], r["last_error"], r["locked_until"]) == ("failed", "cancelled", None)
+    assert (r["status"], r["last_error"], r["locked_until"]) == ("cancelled", "cancelled", None)
     assert r["finished_at"] is not None
     assert {i: row(conn, s, i) for i in (q2, done, failed)} == before
 
@@ -358,7 +358,7 @@ def test_cancel_running_job_reaches_its_handler(pg_url: str, schema: str, conn: 
     [rep] = reports
     assert rep.lost == 1 and rep.succeeded == 0
     r = row(conn, s, job_id)
-    assert (r["status"], r["last_error"]) == ("failed", "cancelled")
+    assert (r["status"], r["last_error"]) == ("cancelled", "cancelled")
     time.sleep(max(0.0, (r["locked_until"] - conn.execute("SELECT now()").fetchone()[0])
                    .total_seconds()) + 0.1)  # type: ignore[index]
     assert retry_jobs(s, ids=[job_id])["retried"] == 1

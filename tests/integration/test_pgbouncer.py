@@ -115,7 +115,7 @@ def test_status_and_operator_commands_through_pgbouncer(
     cancelled = ok_json(pgbouncer, ["cancel", "--id", *map(str, delayed)], schema)
     assert cancelled["cancelled"] == 2
     rows = jobs(conn, schema)
-    assert sorted(r["status"] for r in rows.values()) == ["failed"] * 2 + ["queued"] * 3
+    assert sorted(r["status"] for r in rows.values()) == ["cancelled"] * 2 + ["queued"] * 3
 
 
 def test_schedule_through_pgbouncer(pgbouncer: Bouncer, schema: str, conn: Conn,  # noqa: F811

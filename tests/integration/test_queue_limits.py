@@ -317,7 +317,8 @@ def test_limit_from_the_command_line(migrated: Settings, pg_url: str) -> None:
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"limits": [
         {"queue": "emails", "max_running": 3, "rate_limit": "10/m"},
-        {"queue": "sms", "max_running": 3, "rate_limit": "10/m"}]}
+        {"queue": "sms", "max_running": 3, "rate_limit": "10/m"}],
+        "never_seen": ["emails", "sms"]}
     assert "sms: max_running 3, rate -" in render_limits(
         limit(migrated, ["sms"], clear_rate=True))
     report = limit(migrated, ["emails"])  # no option: as they are

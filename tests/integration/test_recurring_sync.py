@@ -84,7 +84,7 @@ def test_a_cancelled_occurrence_is_not_created_again(
         q: db.Queries, conn: psycopg.Connection[Any], migrated: Settings) -> None:
     hourly = define("a", "0 * * * *")
     sync(q, [hourly], ["a"], now=T0)
-    conn.execute(sql.SQL("UPDATE {} SET status = 'failed', last_error = 'cancelled' "
+    conn.execute(sql.SQL("UPDATE {} SET status = 'cancelled', last_error = 'cancelled' "
                          "WHERE recurring_key = 'a'").format(
         sql.Identifier(migrated.schema_name, "jobs")))
     assert sync(q, [hourly], ["a"], now=T0).inserted == 0
@@ -103,6 +103,31 @@ def test_changed_definition_rewrites_the_future_occurrence(
     result = sync(q, [define("a", "30 * * * *", payload={"v": 2})], ["a"], now=T0)
     assert (result.rescheduled, result.inserted) == (1, 1)
     assert [r[3] for r in _rows(conn, migrated)] == [_at(9, 30)]
+
+
+def test_each_occurrence_keeps_its_definition_schedule(
+        q: db.Queries, conn: psycopg.Connection[Any], migrated: Settings) -> None:
+    """What `drainer status` shows without the app: written at insert, rewritten when the
+    schedule changes (a new catch-up policy does not change the occurrence's hash), and
+    filled in on an occurrence written before the column existed."""
+    jobs = sql.Identifier(migrated.schema_name, "jobs")
+
+    def schedules() -> list[Any]:
+        return [r[0] for r in conn.execute(sql.SQL(
+            "SELECT recurring_schedule FROM {} ORDER BY id").format(jobs)).fetchall()]
+
+    sync(q, [define("a", "0 * * * *", timezone="Europe/Berlin")], ["a"], now=T0)
+    assert schedules() == [{"cron": "0 * * * *", "timezone": "Europe/Berlin",
+                            "catch_up": "latest"}]
+    again = sync(q, [define("a", "0 * * * *", timezone="Europe/Berlin", catch_up="all")],
+                 ["a"], now=T0)
+    assert again.changed == 1 and schedules()[0]["catch_up"] == "all"
+    conn.execute(sql.SQL("UPDATE {} SET recurring_schedule = NULL").format(jobs))
+    later = sync(q, [define("a", "0 * * * *", timezone="Europe/Berlin", catch_up="all")],
+                 ["a"], now=T0)
+    assert later.changed == 1 and schedules()[0]["cron"] == "0 * * * *"
+    assert sync(q, [define("a", "0 * * * *", timezone="Europe/Berlin", catch_up="all")],
+                ["a"], now=T0).changed == 0
 
 
 def test_removed_definition_leaves_no_future_row(

@@ -264,7 +264,7 @@ def test_a_script_can_act_with_the_bearer_token_and_is_fenced_as_the_cli(
     status, _, page = served.request("POST", "/act/cancel", form={
         "job": str(jobs["queued"]), "confirm": "yes"}, headers=bearer)
     assert re.search(r"<dt>cancelled queued</dt><dd>1</dd>", page)
-    assert _status(served.settings, jobs["queued"]) == "failed"
+    assert _status(served.settings, jobs["queued"]) == "cancelled"
     # a queue's failed jobs: the hostile queue's one
     status, _, page = served.request("POST", "/act/retry", form={
         "queue": ODD_QUEUE, "confirm": "yes"}, headers=bearer)

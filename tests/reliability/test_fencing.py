@@ -270,13 +270,14 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
                 for job_id in mine:
                     self.model[job_id].expired = True
 
-        @precondition(lambda self: any(m.status == "failed" for m in self.model.values()))
+        @precondition(lambda self: any(m.status in ("failed", "cancelled")
+                                       for m in self.model.values()))
         @rule(data=st.data())
         def operator_retries(self, data: st.DataObject) -> None:
-            """``drainer retry``: failed -> queued, attempts 0; the fence is not reset, so
-            a stalled former owner's token still matches nothing."""
-            job_id = data.draw(st.sampled_from(
-                sorted(i for i, m in self.model.items() if m.status == "failed")))
+            """``drainer retry ID``: failed or cancelled -> queued, attempts 0; the fence is
+            not reset, so a stalled former owner's token still matches nothing."""
+            job_id = data.draw(st.sampled_from(sorted(
+                i for i, m in self.model.items() if m.status in ("failed", "cancelled"))))
             observer.execute(sql.SQL(QUERIES["retry_many"]).format(
                 **identifiers(schema, "jobs")), {"ids": [job_id]})
             m = self.model[job_id]
@@ -288,7 +289,7 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
                                        for m in self.model.values()))
         @rule(data=st.data())
         def operator_cancels(self, data: st.DataObject) -> None:
-            """``drainer cancel``: queued or running -> failed (a running job keeps its
+            """``drainer cancel``: queued or running -> cancelled (a running job keeps its
             lease; its owner's fenced writes then change nothing)."""
             job_id = data.draw(st.sampled_from(sorted(
                 i for i, m in self.model.items() if m.status in ("queued", "running"))))
@@ -296,7 +297,7 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
                 **identifiers(schema, "jobs")), {"ids": [job_id]})
             m = self.model[job_id]
             m.lease_kept = m.status == "running"
-            m.status = "failed"
+            m.status = "cancelled"
 
         @rule(worker=st.integers(0, WORKERS - 1))
         def archive(self, worker: int) -> None:
@@ -307,9 +308,9 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
                 del self.model[i]
                 self.gone[i] = "archived"
 
-        @precondition(lambda self: any(m.status in ("done", "failed")
+        @precondition(lambda self: any(m.status in ("done", "failed", "cancelled")
                                        for m in self.model.values()))
-        @rule(data=st.data(), status=st.sampled_from(("done", "failed")),
+        @rule(data=st.data(), status=st.sampled_from(("done", "failed", "cancelled")),
               old=st.booleans(), batch=st.integers(1, 3))
         def operator_purges(self, data: st.DataObject, status: str, old: bool,
                             batch: int) -> None:
@@ -319,7 +320,7 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
             finished_at is moved 2 h back; else --older-than 0 (every finished S job)."""
             if old:
                 finished = sorted(i for i, m in self.model.items()
-                                  if m.status in ("done", "failed"))
+                                  if m.status in ("done", "failed", "cancelled"))
                 job_id = data.draw(st.sampled_from(finished))
                 observer.execute(sql.SQL(
                     "UPDATE {} SET finished_at = now() - interval '2 hours' WHERE id = %s"
@@ -376,7 +377,7 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
                 elif status == "queued":
                     assert not leased and not finished and attempts < max_attempts
                     assert due == m.due
-                else:  # done or failed: never also running, no lease (but a cancel's)
+                else:  # done, failed, cancelled: not running, no lease (but a cancel's)
                     assert finished and (not leased or m.lease_kept)
                     assert status == "done" or has_error, f"{job_id} failed with no error"
 

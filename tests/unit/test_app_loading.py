@@ -30,6 +30,30 @@ def test_an_app_that_fails_to_import_shows_file_and_line(
     assert "\n" not in text
 
 
+@pytest.mark.parametrize(("name", "source", "line"), [
+    ("app_with_a_bad_task_cron",
+     "from drainer import task\n\n\n@task('digest_61', cron='61 * * * *')\n"
+     "def digest(job):\n    pass\n", 4),
+    ("app_with_a_bad_recurring_cron",
+     "import drainer\n\ndrainer.recurring('nightly_funday', '0 8 * * funday')\n", 3),
+])
+def test_a_bad_cron_points_at_the_app_line_that_declared_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str,
+        line: int) -> None:
+    """The check raises inside drainer (drainer/recurring.py): the mistake is the app's."""
+    from drainer.app import load_app
+    from drainer.errors import ConfigError
+
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_app(name)
+    assert str(err.value).startswith(
+        f"cannot import app module {name!r}: {name}.py:{line}: ConfigError: recurring ")
+    assert "invalid cron" in str(err.value)
+
+
 @pytest.mark.parametrize(("given", "hint"), [
     ("tasks_module.py", "'tasks_module'"), ("./tasks_module.py", "'tasks_module'"),
     ("pkg_of_jobs/jobs_module.py", "'pkg_of_jobs.jobs_module'"),

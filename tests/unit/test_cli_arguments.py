@@ -16,10 +16,9 @@ def _forget_secrets() -> Iterator[None]:
     """main() remembers the tokens these tests set: forget them afterwards."""
     from drainer import _redact
 
-    saved = set(_redact._secrets)
+    saved = _redact._secrets
     yield
-    _redact._secrets.clear()
-    _redact._secrets.update(saved)
+    _redact._secrets = saved
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -117,3 +116,54 @@ def test_serve_and_schedule_take_both_address_forms() -> None:
         addr("serve", "--listen", ":9000", "--port", "9001")
     with pytest.raises(ConfigError, match="--host needs --port"):
         addr("schedule", "--host", "0.0.0.0")
+
+
+@pytest.mark.parametrize("command, flag", [
+    (["run-once"], "--max-runtime"),
+    (["run-once"], "--lease"),
+    (["purge", "--status", "done"], "--older-than"),
+    (["enqueue", "q", "{}"], "--delay"),
+    (["schedule"], "--interval"),
+])
+def test_a_negative_duration_gets_one_message_with_or_without_equals(
+        command: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    said = []
+    for value in ([flag, "-5m"], [f"{flag}=-5m"]):
+        try:
+            code = main([*command, "--database-url", "postgresql://h/db", *value])
+        except SystemExit as exit_:
+            code = int(exit_.code or 0)
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        said.append(err)
+    assert said[0] == said[1]
+    assert "not a duration: '-5m' (a duration is never negative" in said[0], said[0]
+
+
+def test_a_negative_number_still_reaches_a_flag_that_takes_one() -> None:
+    args = build_parser().parse_args(["enqueue", "q", "{}", "--priority", "-5"])
+    assert args.priority == -5
+    args = build_parser().parse_args(["enqueue", "q", "--", "-5m"])
+    assert args.payload == "-5m"
+
+
+def test_the_commands_a_person_waits_for_retry_a_connection_once_drains_keep_theirs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from drainer.cli import settings_from_args
+    from drainer.settings import DEFAULT_CONNECT_RETRIES
+
+    monkeypatch.delenv("DRAINER_CONNECT_RETRIES", raising=False)
+
+    def retries(*argv: str) -> int:
+        return settings_from_args(build_parser().parse_args(list(argv))).connect_retries
+
+    for command in (["status"], ["jobs"], ["show", "7"], ["retry", "7"], ["cancel", "7"],
+                    ["pause", "q"], ["resume", "q"], ["limit", "q"], ["audit"],
+                    ["purge", "--status", "done", "--older-than", "1d"]):
+        assert retries(*command) == 1, command
+    for command in (["run-once"], ["schedule"], ["serve"], ["worker"], ["migrate"],
+                    ["enqueue", "q", "{}"], ["next-wake"]):
+        assert retries(*command) == DEFAULT_CONNECT_RETRIES, command
+    assert retries("status", "--connect-retries", "4") == 4
+    monkeypatch.setenv("DRAINER_CONNECT_RETRIES", "3")
+    assert retries("status") == 3

@@ -211,3 +211,20 @@ def test_the_parser_of_one_command_is_that_command_of_the_whole_parser() -> None
         assert list(alone) == [name]
         assert _flags(alone[name]) == _flags(everything[name])
         assert alone[name].format_help() == everything[name].format_help()
+
+
+def test_stdout_for_reports_only_sends_the_rest_to_stderr(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from drainer.cli._output import print_json, stdout_for_reports_only
+
+    with stdout_for_reports_only():
+        print("from a handler")
+        os.write(1, b"from fd 1\n")
+        print_json({"report": 1})
+    print("after")
+    out, err = capfd.readouterr()
+    assert out == '{"report": 1}\nafter\n'
+    assert err == "from a handler\nfrom fd 1\n"
+    assert sys.stdout is not sys.stderr

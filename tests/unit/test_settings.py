@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,7 @@ def test_redact() -> None:
 def test_a_short_secret_is_masked_only_where_it_stands_alone() -> None:
     from drainer import _redact
 
-    saved = set(_redact._secrets)
+    saved = _redact._secrets
     try:
         _redact.remember_secret("x")
         _redact.remember_secret("e")
@@ -124,8 +125,7 @@ def test_a_short_secret_is_masked_only_where_it_stands_alone() -> None:
         _redact.remember_secret("a-long-secret-token")
         assert _redact.redact("tokena-long-secret-tokenz") == "token***z"
     finally:
-        _redact._secrets.clear()
-        _redact._secrets.update(saved)
+        _redact._secrets = saved
 
 
 @pytest.mark.parametrize("driver", ["psycopg", "asyncpg", "psycopg2", "PSYCOPG"])
@@ -152,3 +152,17 @@ def test_the_log_level_variable_takes_any_case(monkeypatch: pytest.MonkeyPatch) 
     assert load_settings().log_level == "DEBUG"
     monkeypatch.setenv("DRAINER_LOG_LEVEL", "Warning")
     assert load_settings().log_level == "WARNING"
+
+
+@pytest.mark.parametrize("url", ["postgress://u:Pw9x@h/db", "mysql://h/db",
+                                 "postgres+psycopg://h/db"])
+def test_a_url_that_is_no_postgresql_url_names_its_scheme(
+        url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from drainer.cli import main
+
+    scheme = url.split("://")[0]
+    with pytest.raises(ConfigError, match=f"scheme '{re.escape(scheme)}' is not postgresql://"):
+        load_settings(database_url=url).dsn  # noqa: B018
+    assert main(["status", "--database-url", url]) == 2
+    err = capsys.readouterr().err
+    assert f"scheme {scheme!r}" in err and "Pw9x" not in err and err.count("\n") == 1, err

@@ -66,8 +66,13 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def run(args: Sequence[str], using: str = "default") -> int:
-    """Run ``drainer <args>`` on ``DATABASES[using]``; drainer's exit code."""
+#: How drainer's usage lines and errors name the program here.
+PROG = "manage.py drainer"
+
+
+def run(args: Sequence[str], using: str = "default", prog: str = PROG) -> int:
+    """Run ``drainer <args>`` on ``DATABASES[using]``; drainer's exit code. ``prog``: the
+    program's name in drainer's usage lines and errors."""
     from drainer.cli import main
     from drainer.contrib.django import database_url
     from drainer.errors import ConfigError
@@ -75,12 +80,12 @@ def run(args: Sequence[str], using: str = "default") -> int:
     try:
         env = {"DRAINER_DATABASE_URL": database_url(using)}
     except (ConfigError, ConnectionDoesNotExist) as exc:
-        print(f"drainer: error: --database {using}: {exc}", file=sys.stderr)
+        print(f"{prog}: error: --database {using}: {exc}", file=sys.stderr)
         return 2
     if not _names_an_app(args):
         env["DRAINER_APP"] = AUTODISCOVER
     with _environ(env):
-        return int(main(list(args)) or 0)
+        return int(main(list(args), prog=prog) or 0)
 
 
 class Command(BaseCommand):  # type: ignore[misc]
@@ -90,7 +95,7 @@ class Command(BaseCommand):  # type: ignore[misc]
     def run_from_argv(self, argv: list[str]) -> None:
         # Everything goes to drainer's own parser, its --help included.
         using, args = _split_database(argv[2:])
-        code = run(args, using)
+        code = run(args, using, f"{os.path.basename(argv[0])} {argv[1]}")
         if code:
             sys.exit(code)
 
