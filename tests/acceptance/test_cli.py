@@ -91,12 +91,12 @@ def test_a_table_one_migration_behind_is_exit_4_for_the_drain_too(pg_url: str,
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         migrate(conn, schema, "jobs")
-        # one version back: undo 0010 (the recurring_schedule column, the cancelled index)
+        # one version back: undo 0008 (the recurring_schedule column, the cancelled index)
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN recurring_schedule").format(
             sql.Identifier(schema, "jobs")))
         conn.execute(sql.SQL("DROP INDEX {}").format(
             sql.Identifier(schema, "jobs_cancelled_idx")))
-        conn.execute(sql.SQL("DELETE FROM {} WHERE version = 10").format(
+        conn.execute(sql.SQL("DELETE FROM {} WHERE version = 8").format(
             sql.Identifier(schema, "drainer_migrations")))
     for args in (["run-once", "--app", "sample_jobs"], ["status"]):
         proc = run_cli(args, pg_url=pg_url, schema=schema)
