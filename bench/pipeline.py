@@ -27,13 +27,15 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench.core import ROOT, ab_database, fill, prepare_tree
+from bench.core import ROOT, ab_database, fill, fresh_schema, prepare_tree
 from bench.link import via
 from bench.proxy import DelayProxy
 from drainer.db import ClaimPipeline, Queries
 
 SERVER = os.environ.get("BENCH_SERVER_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 WAYS = ("in step", "pipelined")
+#: the tree of no TREE argument: the drainer this checkout imports
+CHECKOUT = "this checkout"
 #: seconds a claim's lease lasts (never reached: every job is completed at once)
 LEASE = 300.0
 
@@ -78,7 +80,8 @@ def child(way: str, url: str, schema: str, batch: int) -> None:
 def _run(tree: str, way: str, url: str, schema: str, jobs: int, batch: int,
          proxy: DelayProxy | None) -> dict[str, Any]:
     fill(url, schema, jobs)
-    env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{ROOT}")
+    path = str(ROOT) if tree == CHECKOUT else f"{tree}{os.pathsep}{ROOT}"
+    env = dict(os.environ, PYTHONPATH=path)
     link = url if proxy is None else via(url, proxy)
     p = subprocess.run([sys.executable, "-m", "bench.pipeline", "--child", way, link, schema,
                         str(batch)], env=env, cwd="/", capture_output=True, text=True)
@@ -107,11 +110,14 @@ def main(argv: list[str]) -> int:
     rounds = int(argv[1]) if len(argv) > 1 else 5
     rtts = [float(x) for x in (argv[2] if len(argv) > 2 else "0,1").split(",")]
     batch = int(argv[3]) if len(argv) > 3 else 10
-    trees = argv[4:] or [str(ROOT)]
+    trees = argv[4:] or [CHECKOUT]
     url = ab_database(SERVER, "drainer_bench_pipeline")
     schemas = {t: f"b_pipeline_{i}" for i, t in enumerate(trees)}
     for t in trees:
-        prepare_tree(t, url, schemas[t])
+        if t == CHECKOUT:
+            fresh_schema(url, schemas[t])
+        else:
+            prepare_tree(t, url, schemas[t])
     proxies = {r: DelayProxy(r, ("127.0.0.1", 5432)) for r in rtts if r > 0}
     for proxy in proxies.values():
         proxy.start()
