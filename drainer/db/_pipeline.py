@@ -1,24 +1,35 @@
 """The claim pipeline: ``complete_many_and_claim`` statements in flight on one connection.
 
-libpq pipeline mode driven from psycopg's low-level ``pgconn`` (as psycopg keeps its own
-in ``_pipeline.py``); :mod:`drainer.db.queries` has the other statements.
+Hand-written on psycopg's low-level ``pgconn`` because the drain leaves a statement in
+flight across its steps (send the next claim, run a batch's handlers, read the claim
+before it) and commits each statement on its own, where :class:`psycopg.Pipeline` reads
+back every statement queued whenever a cursor fetches (or at ``sync()`` and at the end
+of its block: the fetch waits for the claim sent ahead too) and joins its statements in
+one transaction up to a Sync. Waiting goes through psycopg's own machinery
+(:mod:`psycopg.generators` driven by the connection's ``wait``), whose sending reads
+while it writes: in pipeline mode a client that only writes deadlocks once the server
+blocks writing results nobody reads and so stops reading what is sent. What it pays:
+``python -m bench.pipeline`` (the statement alone, in step against pipelined; see
+docs/performance.md, "Pipelined completion + claim").
 """
 
 from __future__ import annotations
 
-import selectors
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import pq
+from psycopg import generators, pq, waiting
 
 from drainer.db.encoders import ints_text, positional, results_text
 from drainer.db.queries import ClaimedRow, claim_order, how_many_start
 
 if TYPE_CHECKING:
     from drainer.db.queries import Queries
+
+#: seconds between the wait's wake-ups to notice an interrupt (psycopg's connections use 0.1)
+WAIT_INTERVAL = 0.1
 
 
 class ClaimPipeline:
@@ -68,8 +79,7 @@ class ClaimPipeline:
         if not self.in_flight:
             if self.statement is not None and not self.prepared:
                 pgconn.send_prepare(self.statement, self.text.encode())
-                _flush(pgconn)
-                for res in _results(pgconn):
+                for res in self.conn.wait(generators.execute(pgconn)):
                     _check(res, self.encoding)
                 self.prepared = True
             pgconn.enter_pipeline_mode()
@@ -90,22 +100,23 @@ class ClaimPipeline:
             pgconn.send_query_prepared(self.statement, params)
         pgconn.pipeline_sync()
         self.in_flight += 1
-        _flush(pgconn)
+        # flush() sends what the socket takes; what is left waits for the socket to take
+        # it or for input to read (generators.send reads it: see the module's docstring)
+        if pgconn.flush():
+            self.conn.wait(generators.send(pgconn))
 
     def receive(self) -> tuple[set[int], list[ClaimedRow]]:
         """The oldest statement's result: ids written and rows claimed; or its error
         (then it rolled back whole: nothing written, nothing claimed)."""
         if not self.in_flight:
             raise RuntimeError("no statement in flight")
-        pgconn = self.pgconn
-        setting = _results(pgconn) if self.generic else []
-        results = _results(pgconn)
-        sync = _next_result(pgconn)
+        setting = self._results() if self.generic else []
+        results = self._results()
+        sync = self._next()
         self.in_flight -= 1
-        if sync is None or sync.status != pq.ExecStatus.PIPELINE_SYNC:
-            raise psycopg.OperationalError("pipeline out of step: expected a sync result")
+        _check_sync(sync)
         if not self.in_flight:
-            pgconn.exit_pipeline_mode()
+            self.pgconn.exit_pipeline_mode()
         written: set[int] = set()
         rows: list[ClaimedRow] = []
         for res in setting:
@@ -145,6 +156,23 @@ class ClaimPipeline:
                 out.append(exc)
         return out
 
+    def _next(self) -> pq.abc.PGresult | None:
+        """The next result on the connection (None: the end of a statement's). psycopg's
+        ``fetch`` waits for one still on its way; one already read is taken at once, without
+        the generator, the wait and the GIL hand-offs around each libpq call that ``fetch``
+        costs (five results a statement, most of them already read)."""
+        if self.pgconn.is_busy():
+            res: pq.abc.PGresult | None = self.conn.wait(generators.fetch(self.pgconn))
+            return res
+        return self.pgconn.get_result()
+
+    def _results(self) -> list[pq.abc.PGresult]:
+        """The results of the statement at the head of the connection, up to its end."""
+        out: list[pq.abc.PGresult] = []
+        while (res := self._next()) is not None:
+            out.append(res)
+        return out
+
     def _loader(self, oid: int) -> Callable[[bytes], Any]:
         f = self._loaders.get(oid)
         if f is None:
@@ -166,11 +194,9 @@ def sync_round_trip(pgconn: pq.abc.PGconn) -> float | None:
     pgconn.enter_pipeline_mode()
     sent = time.monotonic()
     pgconn.pipeline_sync()
-    _flush(pgconn)
-    sync = _next_result(pgconn)
+    sync = waiting.wait(generators.execute(pgconn), pgconn.socket, interval=WAIT_INTERVAL)
     took = time.monotonic() - sent
-    if sync is None or sync.status != pq.ExecStatus.PIPELINE_SYNC:
-        raise psycopg.OperationalError("pipeline out of step: expected a sync result")
+    _check_sync(sync[0] if len(sync) == 1 else None)
     pgconn.exit_pipeline_mode()
     return took
 
@@ -191,29 +217,6 @@ def _check(res: pq.abc.PGresult, encoding: str) -> None:
         raise psycopg.errors.error_from_result(res, encoding=encoding)
 
 
-def _wait(pgconn: pq.abc.PGconn, events: int) -> None:
-    with selectors.DefaultSelector() as sel:
-        sel.register(pgconn.socket, events)
-        sel.select()
-
-
-def _flush(pgconn: pq.abc.PGconn) -> None:
-    """Send what libpq holds (the connection is non-blocking: a send may stop half-way)."""
-    while pgconn.flush():
-        _wait(pgconn, selectors.EVENT_WRITE)
-
-
-def _next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
-    pgconn.consume_input()
-    while pgconn.is_busy():
-        _wait(pgconn, selectors.EVENT_READ)
-        pgconn.consume_input()
-    return pgconn.get_result()
-
-
-def _results(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
-    """The results of the statement at the head of the connection, up to its end."""
-    out: list[pq.abc.PGresult] = []
-    while (res := _next_result(pgconn)) is not None:
-        out.append(res)
-    return out
+def _check_sync(res: pq.abc.PGresult | None) -> None:
+    if res is None or res.status != pq.ExecStatus.PIPELINE_SYNC:
+        raise psycopg.OperationalError("pipeline out of step: expected a sync result")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Any
@@ -78,6 +79,55 @@ def test_an_error_fails_only_its_statement(migrated: Settings, conn: psycopg.Con
         assert len(first) == 2 and len(third) == 2
         assert work.execute("SELECT 1").fetchone() == (1,)
     assert _statuses(conn, schema) == {"running": 4}
+
+
+def test_a_large_claim_coming_back_does_not_block_a_large_completion_going_out(
+        migrated: Settings, conn: psycopg.Connection[Any], pg_url: str) -> None:
+    """In libpq's pipeline mode a client that only writes while the server writes back
+    deadlocks: the server stops reading while its output is not read, and both ends wait
+    with full buffers. Here a claim of 1,024 rows (8 MiB) is on its way back while a
+    completion with 8 MiB of results goes out, over client socket buffers of 64 KiB (the
+    server's own take at most 4 MiB on Linux): sending must read."""
+    schema = migrated.schema_name
+    enqueue_many(conn, [JobSpec("a", {"pad": "x" * 8192}) for _ in range(128 + 1024)],
+                 schema=schema)
+    result = '"' + "r" * 65536 + '"'
+    done: list[tuple[set[int], list[Any], list[Any]] | BaseException] = []
+    with psycopg.connect(pg_url, autocommit=True) as work:
+        with socket.fromfd(work.pgconn.socket, socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        pipe = ClaimPipeline(Queries(work, schema, "jobs"))
+        pipe.send([], [], "a", 128, 60)
+        _, first = pipe.receive()
+
+        def drain() -> None:
+            try:
+                pipe.send([], [], "a", 1024, 60)
+                pipe.send([r.id for r in first], [r.fence or 0 for r in first], "a", 0, 60,
+                          results=[result] * len(first))
+                _, second = pipe.receive()
+                written, third = pipe.receive()
+                done.append((written, second, third))
+            except BaseException as exc:  # raised again in the test's thread
+                done.append(exc)
+
+        worker = threading.Thread(target=drain, daemon=True)
+        worker.start()
+        worker.join(30)
+        if worker.is_alive():  # end the session, so that the blocked thread ends too
+            conn.execute("SELECT pg_terminate_backend(%s)", (work.info.backend_pid,))
+            worker.join(10)
+            pytest.fail("the pipeline blocked: sending did not read the claim coming back")
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    written, second, third = done[0]
+    assert (len(first), len(second), third) == (128, 1024, [])
+    assert written == {r.id for r in first}
+    assert _statuses(conn, schema) == {"done": 128, "running": 1024}
+    assert conn.execute(sql.SQL("SELECT min(length(result #>> '{{}}')) FROM {} WHERE status = "
+                                "'done'").format(sql.Identifier(schema, "jobs"))
+                        ).fetchone() == (65536,)
 
 
 def test_close_reads_what_is_left(migrated: Settings, conn: psycopg.Connection[Any],
