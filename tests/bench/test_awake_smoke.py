@@ -52,13 +52,15 @@ def _smoke(pg_url: str, prefix: str, out: Path) -> None:
 def test_awake_bench_retry_workload_smoke(pg_url: str, tmp_path: Path) -> None:
     """--workload retry end to end at a tiny size: known-work with and without
     --retry-linger both finish the burst; only the lingering one waited (no timing
-    assertions: the figures are in docs/control.md)."""
+    assertions: the figures are in docs/control.md). The idle timeout (3 s) is longer than
+    the retry's wait (1 s): the simulator suspends the compute after it, and a linger it
+    cuts is the suspend issue's case (tests/suspend), not this one's."""
     out = tmp_path / "awake.json"
     prefix = f"drainer_awake_retry_{uuid.uuid4().hex[:8]}"
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "bench.awake", "--server", pg_url, "--database", prefix,
-             "--workload", "retry", "--window", "8", "--idle-timeout", "1", "--warmup", "1.5",
+             "--workload", "retry", "--window", "8", "--idle-timeout", "3", "--warmup", "1.5",
              "--retry-wait", "1", "--linger", "3", "--parallel", "--json", str(out)],
             capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-2000:]
