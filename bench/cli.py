@@ -35,6 +35,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench.capacity import section_capacity
 from bench.contenders import (
     Contender,
     Drainer,
@@ -67,8 +68,8 @@ from drainer.migrate import migrate
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 HAVE_PGBENCH = shutil.which("pgbench") is not None
-SECTIONS = ["drain", "multi", "cold", "enqueue", "history", "batch", "long", "link-drain",
-            "link-empty", "io"]
+SECTIONS = ["capacity", "drain", "multi", "cold", "enqueue", "history", "batch", "long",
+            "link-drain", "link-empty", "io"]
 
 
 # -- the race -------------------------------------------------------------------------------------
@@ -548,6 +549,12 @@ class Ctx:
         self.io_plan: list[tuple[str, int]] = args.io_plan
         self.io_repeat: int = args.io_repeat or args.repeat
         self.database: str = args.database
+        self.smoke: bool = args.smoke
+        self.have_pgbench = HAVE_PGBENCH
+        #: jobs a capacity run (rounded up to a multiple of every clients x LIMIT)
+        self.capacity_n: int = 2 * args.jobs
+        #: the server's capacity, jobs/s: the best of the article's SQL (section capacity)
+        self.capacity: float | None = None
         self.db = ensure_database(self.server, args.database)
         self.results: dict[str, Any] = {}
 
@@ -644,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
     out.append("")
     tables: dict[str, str] = {}
     fns: dict[str, Callable[[Ctx], list[str]]] = {
-        "drain": section_drain, "multi": section_multi, "cold": section_cold,
+        "capacity": section_capacity, "drain": section_drain, "multi": section_multi,
+        "cold": section_cold,
         "enqueue": section_enqueue, "history": section_history, "batch": section_batch,
         "long": section_long, "link-drain": section_link_drain,
         "link-empty": section_link_empty, "io": section_io,
