@@ -2,20 +2,22 @@
 
 pgbench runs two scripts on the same server, in one run, interleaved:
 
-- the article's SQL on the article's table (bench/pgbench/article_schema.sql and
-  article_claim_complete.sql): claim with FOR UPDATE SKIP LOCKED, fenced batch complete;
+- the SQL of *Postgres as a job queue* (docs/sources.md) on its table
+  (bench/pgbench/article_schema.sql, article_claim_complete.sql): the claim with FOR UPDATE
+  SKIP LOCKED, the fenced completion of the batch;
 - drainer's own claim_batch and complete_many on drainer's table (drainer/sql/queries.sql,
-  rendered by bench.contenders.pgbench_script with the parameters the drain sends).
+  rendered by bench.contenders.pgbench_script with the parameters the drain sends);
 
 at 1, 2, 4 and 8 clients and claims of 10 and 1000 (LIMIT), each run draining the same number
 of due jobs from a freshly filled and vacuumed table, in a database of its own that is dropped
 after. The two scripts of one setting run back to back in every round (their order
-alternating), so their ratio is taken seconds apart. The server's capacity is the best median
-of the article's SQL over the settings: what the drain is compared with (section drain).
+alternating), so their ratio is taken seconds apart. The server's capacity is the best
+median of the first script over the settings: what the drain is compared with.
 
 Each run also reports how many of its updates were HOT (pg_stat_user_tables n_tup_hot_upd
 over n_tup_upd): a non-HOT update writes a new entry in every index whose predicate the new
-row satisfies.
+row satisfies. Neither table can have HOT claims or completions: both change status, a
+column of every partial index's predicate.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def setup(url: str) -> None:
 
 
 def fill_article(url: str, n: int) -> None:
-    """As bench.core.fill for the article's table: empty, ``n`` due jobs, VACUUM ANALYZE."""
+    """As bench.core.fill, for the table of *Postgres as a job queue*: emptied, ``n`` due
+    jobs, VACUUM ANALYZE."""
     table = sql.Identifier(SCHEMAS["article"], "jobs")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("TRUNCATE {}").format(table))
@@ -202,7 +205,7 @@ def table(cap: Capacity) -> list[str]:
 
 
 def section_capacity(ctx: Ctx) -> list[str]:
-    """The capacity table; ctx.capacity becomes the best of the article's SQL."""
+    """The capacity table; ctx.capacity becomes the best of the SQL of *Postgres as a job queue*."""
     if not ctx.have_pgbench:
         return ["### Server capacity", "", "pgbench not found: no capacity (install "
                 "postgresql-client)"]
@@ -229,13 +232,14 @@ def section_capacity(ctx: Ctx) -> list[str]:
     at_best = cap.pairs[(bc, bb)]
     lines = [f"### Server capacity: pgbench, {n:,} due jobs a run, claim + fenced batch "
              "complete (two statements, two commits a batch)", "", *table(cap), "",
-             f"server capacity (best of the article's SQL): **{fmt_rate(best)} jobs/s** "
+             f"server capacity (best of article's SQL): **{fmt_rate(best)} jobs/s** "
              f"({bc} client{'s' if bc > 1 else ''}, LIMIT {bb}); drainer's SQL at the same "
              f"setting: **{statistics.median(at_best) if at_best else math.nan:.2f}x** "
              f"(same-round); drainer's best: {fmt_rate(ours)} jobs/s ({oc} clients, LIMIT {ob})",
-             "", "article's SQL: bench/pgbench/article_claim_complete.sql on the article's "
-             "table; drainer's: claim_batch and complete_many of drainer/sql/queries.sql as "
-             "the drain fills them (every job starts at once, a run id, no results, no "
+             "", "article's SQL: bench/pgbench/article_claim_complete.sql on its table "
+             "(*Postgres as a job queue*); drainer's: claim_batch and complete_many of "
+             "drainer/sql/queries.sql as the drain fills them"
+             " (every job starts at once, a run id, no results, no "
              "follow-ups); jobs/s over pgbench's transactions (its connections left out); "
              f"pgbench -n -M prepared -c C -j C -D batch=LIMIT; load average "
              f"{', '.join(f'{x:.2f}' for x in os.getloadavg())} after the section."]

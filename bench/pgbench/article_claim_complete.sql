@@ -1,5 +1,5 @@
--- The article's claim (up to :batch due jobs, FOR UPDATE SKIP LOCKED, the lease written,
--- committed at once) and its fenced completion (WHERE id AND status = 'running' AND
+-- The claim of 'Postgres as a job queue: using FOR UPDATE SKIP LOCKED correctly' (up to
+-- :batch due jobs, FOR UPDATE SKIP LOCKED, the lease written, committed at once) and its fenced completion (WHERE id AND status = 'running' AND
 -- attempts), the completion for the whole batch in one statement as drainer writes its
 -- own: two round trips and two commits a batch, as bench/capacity.py's drainer script.
 -- pgbench -D batch=N sets the claim size.

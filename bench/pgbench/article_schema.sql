@@ -1,5 +1,5 @@
--- The article's table ('Postgres as a job queue: FOR UPDATE SKIP LOCKED done right',
--- /work/shared/seeds), as it writes it: one row a job, one partial index of the rows a
+-- The table of 'Postgres as a job queue: using FOR UPDATE SKIP LOCKED correctly'
+-- (docs/sources.md), as it writes it: one row a job, one partial index of the rows a
 -- worker looks for. bench/capacity.py creates it in a schema of its own (search_path).
 CREATE TABLE jobs (
   id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

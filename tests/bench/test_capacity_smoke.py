@@ -35,7 +35,7 @@ def test_capacity_smoke_prints_both_scripts_side_by_side(pg_url: str, tmp_path: 
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "### Server capacity: pgbench, 2,000 due jobs a run" in proc.stdout
-    assert "server capacity (best of the article's SQL): **" in proc.stdout
+    assert "server capacity (best of article's SQL): **" in proc.stdout
     assert "INVALID" not in proc.stderr, proc.stderr[-2000:]
     cap = json.loads(out.with_suffix(".json").read_text())["capacity"]
     cells = {(c["who"], c["clients"], c["limit"]): c for c in cap["cells"]}
