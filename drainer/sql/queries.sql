@@ -992,8 +992,8 @@ SELECT EXISTS (
 -- The sync makes the definitions rows, whatever their number. %(definitions)s is a JSON
 -- array, one object per definition: its key, queue, hash, catch_up policy, priority and
 -- max_attempts, its schedule (cron, time zone, catch_up: what `drainer status` shows
--- without the app), its next fire time after %(now)s (next_at, with the dedup key and payload of
--- that occurrence) and its latest fire time at or before %(now)s (latest_at, likewise).
+-- without the app), its next fire time after %(now)s (next_at, with the payload of that
+-- occurrence) and its latest fire time at or before %(now)s (latest_at, likewise).
 -- %(missed)s lists, for the `all` policy, the latest fire times at or before %(now)s (at
 -- most catch_up_max of each definition).
 -- "Mine" are the occurrences in the served queues that were never claimed: only they are
@@ -1013,11 +1013,11 @@ SELECT EXISTS (
 WITH d AS MATERIALIZED (
   SELECT * FROM jsonb_to_recordset(%(definitions)s::jsonb) AS d(
     key text, queue text, hash text, catch_up text, priority int, max_attempts int,
-    schedule jsonb, next_at timestamptz, next_dedup text, next_payload jsonb,
-    latest_at timestamptz, latest_dedup text, latest_payload jsonb)
+    schedule jsonb, next_at timestamptz, next_payload jsonb,
+    latest_at timestamptz, latest_payload jsonb)
 ), missed AS MATERIALIZED (
   SELECT * FROM jsonb_to_recordset(%(missed)s::jsonb) AS m(
-    key text, at timestamptz, dedup text, payload jsonb)
+    key text, at timestamptz, payload jsonb)
 ), mine AS MATERIALIZED (
   SELECT id, recurring_key AS key, scheduled_for FROM {jobs}
   WHERE recurring_key IS NOT NULL AND status = 'queued' AND fence = 0
@@ -1056,21 +1056,23 @@ WITH d AS MATERIALIZED (
     AND j.status = 'queued' AND j.fence = 0 AND j.recurring_hash IS NOT NULL
   RETURNING t.key, t.scheduled_for AS since
 ), inserted AS (
-  INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key,
+  INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts,
                       recurring_key, scheduled_for, recurring_hash, recurring_schedule)
-  SELECT d.queue, d.next_payload, d.next_at, d.priority, d.max_attempts, d.next_dedup,
+  SELECT d.queue, d.next_payload, d.next_at, d.priority, d.max_attempts,
          d.key, d.next_at, d.hash, d.schedule
   FROM d WHERE d.next_at IS NOT NULL
   UNION ALL
-  SELECT d.queue, d.latest_payload, d.latest_at, d.priority, d.max_attempts, d.latest_dedup,
+  SELECT d.queue, d.latest_payload, d.latest_at, d.priority, d.max_attempts,
          d.key, d.latest_at, d.hash, d.schedule
   FROM d WHERE d.catch_up = 'latest' AND d.key IN (SELECT key FROM superseded)
   UNION ALL
-  SELECT d.queue, m.payload, m.at, d.priority, d.max_attempts, m.dedup, d.key, m.at, d.hash,
+  SELECT d.queue, m.payload, m.at, d.priority, d.max_attempts, d.key, m.at, d.hash,
          d.schedule
   FROM missed m JOIN d ON d.key = m.key JOIN caught_up c ON c.key = m.key
   WHERE m.at > c.since
-  ON CONFLICT DO NOTHING
+  -- an occurrence is (recurring_key, scheduled_for), columns the producer role cannot
+  -- write: no producer's job (whatever its dedup_key) stands in for one
+  ON CONFLICT (recurring_key, scheduled_for) WHERE recurring_key IS NOT NULL DO NOTHING
   RETURNING id
 )
 -- one row of sync counts (kind 'synced'; its id is the count of occurrences inserted)
