@@ -394,6 +394,14 @@ WHERE j.id = ANY (ARRAY(SELECT id FROM {jobs}
 @reap_update
 RETURNING j.id, j.status, j.attempts;
 
+-- fragment: unclaimed_occurrences
+-- The recurring occurrences in the served queues (%(queues)s) that were never claimed
+-- (fence = 0: the fence counts claims and nothing resets it), on the queued occurrences'
+-- index: the only occurrences a sync changes or deletes.
+SELECT id, recurring_key AS key, scheduled_for FROM {jobs}
+WHERE recurring_key IS NOT NULL AND status = 'queued' AND fence = 0
+  AND recurring_hash IS NOT NULL AND queue = ANY (%(queues)s::text[])
+
 -- name: run_start
 -- The fixed work at the start of a drain in one statement (one round trip): the schema
 -- version, reap_expired (only when the version is the one this drainer needs, so an
@@ -401,7 +409,9 @@ RETURNING j.id, j.status, j.attempts;
 -- one ('reaped', id, status, attempts, queue) per reaped lease, one ('due', ..., queue)
 -- per queue with due jobs, in the given order, one ('paused', ..., queue) per served queue
 -- an operator paused (`drainer pause`: the run's one lookup of them), one ('limit', ...) per
--- served queue an operator limited (`drainer limit`). A reaped job put back
+-- served queue an operator limited (`drainer limit`), one ('unscheduled', ..., n) when it
+-- deleted n future occurrences (%(unschedule)s: the app has no definition left on the served
+-- queues, so no recurring_sync follows to delete them). A reaped job put back
 -- to queued makes its queue due (the CTE's snapshot does not see the update). A table older
 -- than migration 0004 has no control table: the statement fails and the drain asks
 -- schema_version alone, which tells it to migrate. Last, one ('idle', ...) row: its status
@@ -416,6 +426,15 @@ WITH v AS (
   @reap_update
     AND (SELECT version FROM v) = %(latest)s
   RETURNING j.id, j.status, j.attempts, j.queue
+), unscheduled AS (
+  -- %(unschedule)s: the app has no recurring definition on the served queues, so no sync
+  -- follows; the future occurrences left there are of definitions removed from the code:
+  -- gone, as the sync's `gone` removes them (an occurrence already due is a job to run)
+  DELETE FROM {jobs} j
+  USING (@unclaimed_occurrences) mine
+  WHERE %(unschedule)s AND (SELECT version FROM v) = %(latest)s
+    AND j.id = mine.id AND mine.scheduled_for > now() AND j.status = 'queued' AND j.fence = 0
+  RETURNING j.id
 ), paused AS MATERIALIZED (
   SELECT c.queue FROM {control} c WHERE c.paused AND c.queue = ANY (%(queues)s::text[])
 ), due AS MATERIALIZED (
@@ -431,6 +450,9 @@ SELECT 'version' AS kind, version::bigint AS id, NULL::text AS status, NULL::int
 FROM v
 UNION ALL
 SELECT 'reaped', id, status, attempts, queue, 0 FROM reaped
+UNION ALL
+SELECT 'unscheduled', NULL, NULL, NULL, NULL, count(*) FROM unscheduled
+HAVING count(*) > 0
 UNION ALL
 SELECT 'paused', NULL, NULL, NULL, queue, 0 FROM paused
 UNION ALL
@@ -1019,9 +1041,7 @@ WITH d AS MATERIALIZED (
   SELECT * FROM jsonb_to_recordset(%(missed)s::jsonb) AS m(
     key text, at timestamptz, payload jsonb)
 ), mine AS MATERIALIZED (
-  SELECT id, recurring_key AS key, scheduled_for FROM {jobs}
-  WHERE recurring_key IS NOT NULL AND status = 'queued' AND fence = 0
-    AND recurring_hash IS NOT NULL AND queue = ANY(%(queues)s)
+  @unclaimed_occurrences
 ), gone AS (
   DELETE FROM {jobs} j
   USING mine LEFT JOIN d ON d.key = mine.key
