@@ -179,10 +179,13 @@ FROM room LEFT JOIN claimed c ON true;
 
 -- fragment: completion(running)
 -- Jobs succeeded, fenced: done, each with what its handler returned (NULL for nothing),
--- the ids written returned. $running is the status a job must still have, 'running': see
--- complete_many_and_claim for why that statement sends it as a parameter.
+-- the ids written returned; an earlier attempt's error ('lease expired', 'cancelled', a
+-- traceback) is cleared: it would read as this run's outcome. $running is the status a
+-- job must still have, 'running': see complete_many_and_claim for why that statement
+-- sends it as a parameter.
 UPDATE {jobs} j
-SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result
+SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result,
+    last_error = NULL
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(results)s::jsonb[])
   AS o(id, fence, result)
 WHERE j.id = o.id AND j.status = $running AND j.fence = o.fence
