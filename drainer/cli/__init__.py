@@ -157,6 +157,10 @@ def _unexpected(command: str, exc: Exception) -> int:
         return known.exit_code
     text = redact(" ".join(str(exc).split()) or type(exc).__name__)
     kind = timeout_kind(exc)
+    if kind == "cancelled":  # no timeout fired: someone cancelled the statement
+        sys.stderr.write(f"{command}: cancelled: {text} (pg_cancel_backend or another cancel "
+                         "request; no timeout fired)\n")
+        return EXIT_TIMEOUT
     if kind is not None:  # the server answered: a timeout is not a lost connection
         sys.stderr.write(f"{command}: {kind}: {text} (see --statement-timeout, "
                          "--lock-timeout, --idle-in-transaction-timeout)\n")

@@ -19,7 +19,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from drainer.errors import EXIT_READ_ONLY, EXIT_SERVER_RESOURCES, EXIT_SERVER_SHUTDOWN
+from drainer.errors import (
+    EXIT_READ_ONLY,
+    EXIT_SERVER_RESOURCES,
+    EXIT_SERVER_SHUTDOWN,
+    EXIT_TIMEOUT,
+)
 from drainer.migrate import migrate
 from drainer.producer import enqueue
 from tests._cluster import Cluster, cluster  # noqa: F401 - a fixture
@@ -127,3 +132,32 @@ def test_no_connection_slot_is_said_so_with_exit_8(
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
     assert result.returncode == EXIT_SERVER_RESOURCES, result.stderr
     _one_line(result.stderr, "no connection slot", "SQLSTATE 53300")
+
+
+def test_a_cancelled_statement_is_said_cancelled_not_a_timeout(
+        pg_url: str, schema: str, conn: psycopg.Connection[Any]) -> None:
+    """pg_cancel_backend of the drain's statement: exit 5 as for a timeout, but the line
+    says it was cancelled and points to no timeout flag (none fired)."""
+    migrate(conn, schema, "jobs")
+    name = f"cancel-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url) as blocker:
+        blocker.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+            sql.Identifier(schema, "jobs")))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "drainer", "run-once", *APP, "--lock-timeout", "0",
+             "--statement-timeout", "0"], text=True, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=cli_env(pg_url, schema, DRAINER_APPLICATION_NAME=name))
+        cancelled: list[Any] = []
+        deadline = time.monotonic() + 20
+        while not cancelled and time.monotonic() < deadline:
+            cancelled = conn.execute(
+                "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name "
+                "= %s AND wait_event_type = 'Lock'", [name]).fetchall()
+            time.sleep(0.05)
+        code, _out, err = finish(proc, 60)
+    assert cancelled, "the run never waited for the lock"
+    assert code == EXIT_TIMEOUT, err
+    line = [ln for ln in err.splitlines() if ln.startswith("drainer run-once:")]
+    assert len(line) == 1 and line[0].startswith("drainer run-once: cancelled: "), err
+    assert "--statement-timeout" not in err and "timeout" not in line[0].split(": ", 2)[1]
+    assert "pg_cancel_backend" in line[0]

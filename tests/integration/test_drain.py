@@ -14,9 +14,9 @@ import pytest
 from psycopg import sql
 
 from drainer import Job, run_once
-from drainer.job import Retry
 from drainer.db import ClaimPipeline, Queries
 from drainer.drain.clock import BatchClock
+from drainer.job import Retry
 from drainer.producer import JobSpec, enqueue, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings
