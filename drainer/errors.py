@@ -67,3 +67,11 @@ class ServerShutdown(DrainerError):
     """The server ended the session or accepts none now (57P01-57P03, exit 10)."""
 
     exit_code = EXIT_SERVER_SHUTDOWN
+
+
+class JobRejected(DrainerError, ValueError):
+    """A job the table cannot store (a NUL or a lone surrogate in a string, NaN in a
+    payload, a number out of range): one line, raised by the producer functions instead
+    of psycopg's error (exit 2, as ``drainer enqueue``'s bad values)."""
+
+    exit_code = EXIT_USAGE
