@@ -192,8 +192,8 @@ class Settings(BaseSettings):
     )
     session_options: bool = _opt(
         True,
-        "Send the timeouts as startup options. Turn off for poolers that reject the "
-        "'options' startup parameter; the timeouts are then not set.",
+        "Send the timeouts (and jit=off) as startup options. Turn off for poolers that "
+        "reject the 'options' startup parameter; the timeouts are then not set.",
         "db",
     )
     prepared_statements: bool = _opt(
