@@ -15,12 +15,11 @@ docs/performance.md, "Pipelined completion + claim").
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import generators, pq, waiting
+from psycopg import generators, pq
 
 from drainer.db.encoders import ints_text, positional, results_text
 from drainer.db.queries import ClaimedRow, claim_order, how_many_start
@@ -197,24 +196,6 @@ class ClaimPipeline:
                 raise psycopg.InterfaceError(f"no loader for type oid {oid}")
             f = self._loaders[oid] = cls(oid, self.conn).load
         return f
-
-
-def sync_round_trip(pgconn: pq.abc.PGconn) -> float | None:
-    """Seconds for a Sync alone on an idle connection: the server answers ReadyForQuery at
-    once (no statement, no transaction, no commit), so this is the link's round trip and
-    the time to wake both ends, not the server's work. None when the connection is not
-    idle (a transaction open, or a pipeline)."""
-    if pgconn.pipeline_status != pq.PipelineStatus.OFF \
-            or pgconn.transaction_status != pq.TransactionStatus.IDLE:
-        return None
-    pgconn.enter_pipeline_mode()
-    sent = time.monotonic()
-    pgconn.pipeline_sync()
-    sync = waiting.wait(generators.execute(pgconn), pgconn.socket, interval=WAIT_INTERVAL)
-    took = time.monotonic() - sent
-    _check_sync(sync[0] if len(sync) == 1 else None)
-    pgconn.exit_pipeline_mode()
-    return took
 
 
 def _nullable(load: Callable[[bytes], Any], value: bytes | None) -> Any:

@@ -271,12 +271,7 @@ def build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any],
                     depth=settings.pipeline_depth if pipelined else 1,
                     combine=not settings.delete_on_complete, lease=lease,
                     run_in_transaction=runner.run_batch, free_slots=free_slots,
-                    room=handlers.free,
-                    # a Sync is timed when no claim is in flight and no handler runs (the
-                    # loop's step checks; concurrent fast handlers go idle when a claim
-                    # takes longer than they do, which is when growing it pays)
-                    probe=(lambda: db.sync_round_trip(conn.pgconn))
-                    if db.ClaimPipeline.supported() else None)
+                    room=handlers.free)
     drain = Drain(report, q, claims, handlers, outcomes, limits,
                   vacuum.BetweenBatches(q, settings.vacuum_every,
                                         maintenance_timeout(settings, None)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,9 @@ def _vacuum_count(conn: psycopg.Connection[Any], schema: str) -> int:
 def test_long_drains_vacuum_between_batches(pg_url: str, migrated: Settings,
                                             conn: psycopg.Connection[Any], registry: Registry,
                                             every: int, expected: int) -> None:
-    registry.task("v")(lambda job: None)
+    # handlers of 3 ms: batches of 10 already run for 8 claims' round trips, so claims stay
+    # at --batch-size (no-op jobs grow them to the work: one claim past 60 jobs)
+    registry.task("v")(lambda job: time.sleep(0.003))
     table = sql.Identifier(migrated.schema_name, "jobs")
     conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'v' FROM generate_series(1, 200)")
                  .format(table))
@@ -454,20 +457,22 @@ def test_a_drain_parses_its_statements_once(
     its completions, and the setting that asks for its generic plan, were parsed again each
     time: a Parse a statement); with prepared statements off (a pooler) each is sent
     unnamed, so parsed each time, as the pooler requires."""
-    registry.task("a")(lambda job: None)
-    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'a' FROM generate_series(1, 400)")
+    # handlers of 0.5 ms: claims stay near --batch-size (no-op jobs grow them to a few
+    # hundred, and a drain of 400 is then a handful of statements)
+    registry.task("a")(lambda job: time.sleep(0.0005))
+    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'a' FROM generate_series(1, 1000)")
                  .format(_jobs(migrated)))
     settings = make_settings(pg_url, migrated.schema_name, batch_size=10,
                              prepared_statements=prepared)
     report = run_once(settings, registry=registry)
-    assert report.succeeded == 400
+    assert report.succeeded == 1000
     path = traced[0][1]
     statements = len(_sent(path))
-    assert statements >= 20  # many claims, or the ratio below says little
+    assert statements >= 50  # many claims, or the ratio below says little
     if prepared:
         assert _parsed(path) <= 0.1 * statements, (_parsed(path), statements)
     else:
-        assert _parsed(path) >= statements - 2, (_parsed(path), statements)
+        assert _parsed(path) >= 0.9 * statements, (_parsed(path), statements)
 
 
 def test_drainer_sessions_do_not_jit_compile(pg_url: str, migrated: Settings) -> None:
