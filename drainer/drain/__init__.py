@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from drainer import db, otel
+from drainer import db, otel, process
 from drainer._signals import on_stop_signals
 from drainer.app import load_app
 from drainer.drain import collector, end, start, transaction
@@ -111,6 +111,7 @@ def _cycle(run: _Run, limits: SettingLimits) -> None:
     # what is alive now leaves the collector's generations before the session opens: a
     # full collection while it is open would walk every module of the process
     collector.freeze_startup()
+    report.process_start_s = process.start_to_now_once()  # what came before the session
     conn = run.conn = db.connect(settings)
     connected_at = time.monotonic()
     try:

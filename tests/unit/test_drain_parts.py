@@ -414,3 +414,16 @@ def test_the_first_claim_sent_with_run_start_has_the_loops_first_size(
         assert first_claim_size(batch, concurrency, max_jobs) == claims.size(0)
     finally:
         handlers.shutdown()
+
+
+def test_the_process_start_is_reported_once_a_process() -> None:
+    import time
+
+    from drainer import process
+
+    at = process.started_at()
+    assert at is not None and 0 < time.time() - at < 24 * 3600  # this test process's start
+    process._REPORTED.clear()
+    first = process.start_to_now_once()
+    assert first is not None and first >= 0
+    assert process.start_to_now_once() is None  # a worker's later runs
