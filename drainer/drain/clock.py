@@ -15,9 +15,9 @@ ADAPT_SAMPLES = 5
 
 #: A claim grows until its jobs take this many of its round trips to run (the fastest claim
 #: timed, the server's time included), on any connection: a round trip is then at most
-#: about a tenth of a batch, what the best --batch-size gave on the local curve (10/50/200/
-#: 500/1000: the best from 200 up, locally; a claim's round trip 0.3-0.6 ms there, a no-op
-#: job 20-30 us), and across a link the claim reaches MAX_CLAIM or half the limit first.
+#: about a tenth of a batch, where the local curve of --batch-size is flat (100 to 1000
+#: within 0.88-1.0x of each other, 50 at 0.74x; a claim's round trip 0.3-0.6 ms there, a
+#: no-op job 20-30 us), and across a link the claim reaches its cap or half the limit first.
 #: The same rule locally, on a busy disk (a claim's commit waiting 5-15 ms for the WAL
 #: flush, when a larger claim pays for its commit over more jobs) and across a link.
 BATCH_ROUND_TRIPS = 8
