@@ -13,8 +13,9 @@ turns that off). Bounded: at most ``--max-connections`` at once (more are refuse
 For each client connection it records the time from accept to close (when both directions are
 closed, the server's socket included): the time a server session was held through the proxy,
 i.e. what a serverless database bills as compute. It also counts the statements the client
-sent (simple ``Query`` and extended-protocol ``Execute`` messages; not counted once a session
-negotiates TLS). The command prints one JSON line per closed connection and a summary at exit.
+sent (simple ``Query`` and extended-protocol ``Execute`` messages) and its ``Parse`` messages
+(statements parsed); neither is counted once a session negotiates TLS. The command prints
+one JSON line per closed connection and a summary at exit.
 
 As a library::
 
@@ -52,6 +53,7 @@ class Session:
     accepted: float
     closed: float | None = None
     statements: int = 0
+    parses: int = 0  # Parse messages: statements parsed (unnamed each time, or prepared)
     bytes_up: int = 0
     bytes_down: int = 0
     counted: bool = True  # False once the session went to TLS (statements unknown)
@@ -83,7 +85,8 @@ def compute_seconds(sessions: Iterable[Session]) -> float:
 
 
 class _StatementCounter:
-    """Counts Query and Execute messages in the frontend (client to server) byte stream."""
+    """Counts Query and Execute messages (statements) and Parse messages in the frontend
+    (client to server) byte stream."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -109,6 +112,8 @@ class _StatementCounter:
                 kind, length = self.head[0], int.from_bytes(self.head[1:5], "big")
                 if kind in (ord("Q"), ord("E")):
                     self.session.statements += 1
+                elif kind == ord("P"):
+                    self.session.parses += 1
                 self.skip = max(0, length - 4)
             else:
                 length = int.from_bytes(self.head[0:4], "big")
@@ -349,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     s = proxy.sessions()
     print(json.dumps({"connections": len(s), "held_s": round(held_seconds(s), 6),
                       "compute_s": round(compute_seconds(s), 6),
-                      "statements": sum(x.statements for x in s)}), flush=True)
+                      "statements": sum(x.statements for x in s),
+                      "parses": sum(x.parses for x in s)}), flush=True)
     return 0
 
 

@@ -192,8 +192,8 @@ class Settings(BaseSettings):
     )
     session_options: bool = _opt(
         True,
-        "Send the timeouts as startup options. Turn off for poolers that reject the "
-        "'options' startup parameter; the timeouts are then not set.",
+        "Send the timeouts (and jit=off) as startup options. Turn off for poolers that "
+        "reject the 'options' startup parameter; the timeouts are then not set.",
         "db",
     )
     prepared_statements: bool = _opt(
@@ -230,8 +230,10 @@ class Settings(BaseSettings):
         "run",
         json_schema_extra={"flag": "--queue"},
     )
-    batch_size: int = _opt(DEFAULT_BATCH_SIZE, "Jobs claimed per statement.", "run", gt=0,
-                           le=10_000)
+    batch_size: int = _opt(
+        DEFAULT_BATCH_SIZE, "Jobs claimed per statement, at least: once a few claims are "
+        "timed, claims grow until a batch runs for 8 round trips (at most 1024 jobs).",
+        "run", gt=0, le=10_000)
     concurrency: int = _opt(1, "Handlers running at once (threads).", "run", gt=0, le=1024)
     pipeline_depth: int = _opt(
         DEFAULT_PIPELINE_DEPTH,

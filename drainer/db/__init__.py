@@ -5,7 +5,7 @@ result (:mod:`.loaders`) and the claim pipeline (:mod:`._pipeline`)."""
 
 from __future__ import annotations
 
-from drainer.db._pipeline import ClaimPipeline, sync_round_trip
+from drainer.db._pipeline import ClaimPipeline
 from drainer.db.connect import (
            connect,
            keepalive_options,
@@ -20,4 +20,4 @@ from drainer.db.statements import QUERIES, identifiers, regclass_literal
 __all__ = ["QUERIES", "ClaimPipeline", "ClaimedRow", "Queries", "claim_order", "connect",
            "identifiers", "keepalive_options", "one_line",
            "prepared_statement_clash", "regclass_literal", "server_condition",
-           "sync_round_trip", "timeout_kind"]
+           "timeout_kind"]

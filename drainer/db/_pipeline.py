@@ -15,12 +15,11 @@ docs/performance.md, "Pipelined completion + claim").
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import generators, pq, waiting
+from psycopg import generators, pq
 
 from drainer.db.encoders import ints_text, positional, results_text
 from drainer.db.queries import ClaimedRow, claim_order, how_many_start
@@ -59,9 +58,11 @@ class ClaimPipeline:
         self.statement: bytes | None = None if queries.conn.prepare_threshold is None else \
             f"drainer_{self.NAME}_{id(self):x}".encode()
         self.prepared = False
-        # prepared: ask for the generic plan (see queries.sql, generic_plan_for_this_transaction)
+        # prepared: ask for the generic plan (see queries.sql, generic_plan_for_this_transaction),
+        # by a prepared statement too (sent unnamed, it was parsed again before each claim)
         self.generic = self.statement is not None
         self.generic_plan = queries.text("generic_plan_for_this_transaction").encode()
+        self.generic_name = f"drainer_generic_plan_{id(self):x}".encode()
         self.in_flight = 0
         self._loaders: dict[int, Callable[[bytes], Any]] = {}
 
@@ -77,12 +78,9 @@ class ClaimPipeline:
         """Send one completion + claim; the server runs it behind those sent before."""
         pgconn = self.pgconn
         if not self.in_flight:
-            if self.statement is not None and not self.prepared:
-                pgconn.send_prepare(self.statement, self.text.encode())
-                for res in self.conn.wait(generators.execute(pgconn)):
-                    _check(res, self.encoding)
-                self.prepared = True
             pgconn.enter_pipeline_mode()
+            if self.statement is not None and not self.prepared:
+                self._prepare(self.statement)
         values: dict[str, bytes | None] = {
             "ids": ints_text(ids).encode(), "fences": ints_text(fences).encode(),
             "results": results_text(results).encode(),
@@ -93,7 +91,7 @@ class ClaimPipeline:
             "run_id": None if run_id is None else run_id.encode(self.encoding)}
         params: list[bytes | None] = [values[n] for n in self.names]
         if self.generic:
-            pgconn.send_query_params(self.generic_plan, None)
+            pgconn.send_query_prepared(self.generic_name, None)
         if self.statement is None:
             pgconn.send_query_params(self.text.encode(), params)
         else:
@@ -104,6 +102,23 @@ class ClaimPipeline:
         # it or for input to read (generators.send reads it: see the module's docstring)
         if pgconn.flush():
             self.conn.wait(generators.send(pgconn))
+
+    def _prepare(self, statement: bytes) -> None:
+        """Prepare the statement and the generic plan's, in one round trip (in pipeline
+        mode, one Sync for both), before the first statement is sent."""
+        pgconn = self.pgconn
+        pgconn.send_prepare(statement, self.text.encode())
+        pgconn.send_prepare(self.generic_name, self.generic_plan)
+        pgconn.pipeline_sync()
+        if pgconn.flush():
+            self.conn.wait(generators.send(pgconn))
+        errors = [res for _ in range(2) for res in self._results()
+                  if res.status == pq.ExecStatus.FATAL_ERROR]
+        _check_sync(self._next())
+        if errors:
+            pgconn.exit_pipeline_mode()
+            _check(errors[0], self.encoding)
+        self.prepared = True
 
     def receive(self) -> tuple[set[int], list[ClaimedRow]]:
         """The oldest statement's result: ids written and rows claimed; or its error
@@ -181,24 +196,6 @@ class ClaimPipeline:
                 raise psycopg.InterfaceError(f"no loader for type oid {oid}")
             f = self._loaders[oid] = cls(oid, self.conn).load
         return f
-
-
-def sync_round_trip(pgconn: pq.abc.PGconn) -> float | None:
-    """Seconds for a Sync alone on an idle connection: the server answers ReadyForQuery at
-    once (no statement, no transaction, no commit), so this is the link's round trip and
-    the time to wake both ends, not the server's work. None when the connection is not
-    idle (a transaction open, or a pipeline)."""
-    if pgconn.pipeline_status != pq.PipelineStatus.OFF \
-            or pgconn.transaction_status != pq.TransactionStatus.IDLE:
-        return None
-    pgconn.enter_pipeline_mode()
-    sent = time.monotonic()
-    pgconn.pipeline_sync()
-    sync = waiting.wait(generators.execute(pgconn), pgconn.socket, interval=WAIT_INTERVAL)
-    took = time.monotonic() - sent
-    _check_sync(sync[0] if len(sync) == 1 else None)
-    pgconn.exit_pipeline_mode()
-    return took
 
 
 def _nullable(load: Callable[[bytes], Any], value: bytes | None) -> Any:

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from drainer import db, otel
+from drainer import db, otel, process
 from drainer._signals import on_stop_signals
 from drainer.app import load_app
 from drainer.drain import checks, collector, end, start, transaction
@@ -112,6 +112,7 @@ def _cycle(run: _Run, limits: SettingLimits) -> None:
     # what is alive now leaves the collector's generations before the session opens: a
     # full collection while it is open would walk every module of the process
     collector.freeze_startup()
+    report.process_start_s = process.start_to_now_once()  # what came before the session
     conn = run.conn = db.connect(settings)
     connected_at = time.monotonic()
     try:
@@ -274,12 +275,7 @@ def build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any],
                     depth=settings.pipeline_depth if pipelined else 1,
                     combine=not settings.delete_on_complete, lease=lease,
                     run_in_transaction=runner.run_batch, free_slots=free_slots,
-                    room=handlers.free,
-                    # a Sync is timed when no claim is in flight and no handler runs (the
-                    # loop's step checks; concurrent fast handlers go idle when a claim
-                    # takes longer than they do, which is when growing it pays)
-                    probe=(lambda: db.sync_round_trip(conn.pgconn))
-                    if db.ClaimPipeline.supported() else None)
+                    room=handlers.free)
     drain = Drain(report, q, claims, handlers, outcomes, limits,
                   vacuum.BetweenBatches(q, settings.vacuum_every,
                                         maintenance_timeout(settings, None)),

@@ -83,8 +83,7 @@ class Claims:
                  depth: int, combine: bool, lease: Callable[[Task], float],
                  run_in_transaction: Callable[[Task, int], int],
                  free_slots: Callable[[], int] | None = None,
-                 room: Callable[[Task], int] | None = None,
-                 probe: Callable[[], float | None] | None = None) -> None:
+                 room: Callable[[Task], int] | None = None) -> None:
         self.q = statements
         self.outcomes = outcomes  # read only: what is buffered, what is in flight
         self.report = report
@@ -107,10 +106,6 @@ class Claims:
         self.due_fresh = False  # `due` was just read (the run's first statement): trust it
         self.last_full = False  # the last claim filled its batch: claiming ahead may pay
         self.clock: BatchClock = outcomes.clock  # the drain loop's clock
-        # times a Sync alone on the idle connection (None: it cannot be), so that the clock
-        # tells a database across a link from a local one on a busy disk (see time_link)
-        self.probe = probe
-        self.clock.probing = probe is not None
         self.last_size = batch_size  # the last claim's size (grown to the link or the slots)
         self.limited = Limited(statements, report)
 
@@ -122,7 +117,9 @@ class Claims:
         task = self._task(self.cursor if idx is None else idx)
         batch = self.batch_size
         if not task.transaction:
-            batch = self.clock.adapted(batch, MAX_CLAIM)
+            # pipelined: half MAX_CLAIM, so that a claim can go ahead of one in flight (the
+            # jobs in flight are at most MAX_CLAIM) and the successes go with it
+            batch = self.clock.adapted(batch, MAX_CLAIM // min(2, self.depth))
         if self.room is not None and not task.transaction:
             batch = max(batch, min(MAX_CLAIM, self.room(task)))
         if task.rate_limit is not None:  # only what starts at once: a slot is a start
@@ -147,12 +144,6 @@ class Claims:
 
     def _task(self, idx: int) -> Task:
         return self.tasks[self.queues[idx]]
-
-    def time_link(self) -> None:
-        """Time Syncs alone while the clock wants them (see :meth:`BatchClock.time_link`)."""
-        assert not self.outcomes.ahead, "claims in flight: receive them first"
-        if self.probe is not None:
-            self.clock.time_link(self.probe)
 
     def _took(self, idx: int, size: int, got: int, *, in_step: bool = True,
               stay: bool = False) -> None:
@@ -216,11 +207,8 @@ class Claims:
     def can_send_ahead(self) -> bool:
         """Whether a claim may go out now ahead of the batch in hand, with the successes
         (the drain loop also asks whether batches run fast and nothing else is due)."""
-        # while Syncs are to be timed, one claim at a time: the drain then has moments with
-        # none in flight, when a Sync is timed (claims grown to the free handler slots
-        # would otherwise keep one in flight throughout)
         return (self.depth >= 2 and self.last_full and not self.outcomes.failed
-                and len(self.outcomes.ahead) < (1 if self.clock.wants_probe() else self.depth)
+                and len(self.outcomes.ahead) < self.depth
                 and self.combine and self.may_combine(self.cursor) and self.size() > 0)
 
     def after_ahead(self, claim: Claim, rows: list[ClaimedRow] | None) -> Batch:

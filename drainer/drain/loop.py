@@ -119,9 +119,6 @@ class Drain:
 
     def step(self) -> None:
         """One turn of the loop while CLAIMING or DRAINED."""
-        if self.clock.wants_probe() and not self.outcomes.ahead \
-                and not self.handlers.in_flight():
-            self.claims.time_link()  # nothing else runs now: a Sync alone is timed alone
         limit = self._check_limits()
         if limit is None and self.pace.claim_due(self.phase is Phase.CLAIMING):
             # the successes buffered so far go with the claim (one round trip, not two)

@@ -41,6 +41,10 @@ class RunReport:
     next_due_at: str | None = None
     duration_s: float = 0.0
     connected_s: float = 0.0
+    process_start_s: float | None = None
+    """Seconds from the process start (as the OS says, to 10 ms) to the run's connection:
+    the interpreter, imports, settings and app a wake pays before its session; the first
+    run of a process only (null after, and where the OS does not say)."""
     deadline_hit: bool = False
     stopped_by: str | None = None
     n_dead_tup: int | None = None

@@ -65,6 +65,9 @@ def test_migrate_enqueue_status_run_once(pg_url: str, schema: str) -> None:
                 "archived", "vacuumed", "remaining_due", "next_due_at", "duration_s",
                 "connected_s", "deadline_hit"):
         assert key in report
+    # the process start beside the session: the interpreter, imports and app came first
+    # (less than this test's whole subprocess, more than nothing)
+    assert 0 < report["process_start_s"] < 30
     # logs on stderr are JSON lines when stderr is not a TTY
     for line in proc.stderr.splitlines():
         json.loads(line)

@@ -54,9 +54,13 @@ def test_statements_in_flight_are_read_in_order_and_each_commits(
                    for r in first + second + third)
         # the connection is free again for ordinary statements
         plans = work.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                             "WHERE name LIKE 'drainer_%'").fetchall()
+                             "WHERE name LIKE 'drainer_complete%'").fetchall()
         # prepared: the generic plan every time (no re-planning), and no setting left behind
         assert plans == ([(3, 0)] if prepared else [])
+        # the statement asking for it is prepared too: neither is parsed again each time
+        names = work.execute("SELECT count(*) FROM pg_prepared_statements "
+                             "WHERE name LIKE 'drainer_%'").fetchone()
+        assert names == ((2,) if prepared else (0,))
         assert work.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
     assert _statuses(conn, schema) == {"done": 3, "running": 4}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,9 @@ def _vacuum_count(conn: psycopg.Connection[Any], schema: str) -> int:
 def test_long_drains_vacuum_between_batches(pg_url: str, migrated: Settings,
                                             conn: psycopg.Connection[Any], registry: Registry,
                                             every: int, expected: int) -> None:
-    registry.task("v")(lambda job: None)
+    # handlers of 3 ms: batches of 10 already run for 8 claims' round trips, so claims stay
+    # at --batch-size (no-op jobs grow them to the work: one claim past 60 jobs)
+    registry.task("v")(lambda job: time.sleep(0.003))
     table = sql.Identifier(migrated.schema_name, "jobs")
     conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'v' FROM generate_series(1, 200)")
                  .format(table))
@@ -438,3 +441,46 @@ def test_a_deadlock_at_the_end_of_a_few_run_writes_the_successes_alone(
     # run_start + claim; completions + finish_run (rolled back); the completions alone; a
     # claim that finds nothing (the loop's own end); finish_run
     assert _round_trips(traced[0][1]) == 5
+
+
+def _parsed(path: Path) -> int:
+    """Parse messages sent (a statement parsed again: unnamed, or prepared anew)."""
+    return sum(1 for line in ("\n" + path.read_text()).split("\nF\t")[1:]
+               if "\t" in line and line.split("\t")[1].startswith("Parse"))
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_a_drain_parses_its_statements_once(
+        pg_url: str, migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]], prepared: bool) -> None:
+    """Each statement of a drain of many claims is parsed once per session (the claim with
+    its completions, and the setting that asks for its generic plan, were parsed again each
+    time: a Parse a statement); with prepared statements off (a pooler) each is sent
+    unnamed, so parsed each time, as the pooler requires."""
+    # handlers of 0.5 ms: claims stay near --batch-size (no-op jobs grow them to a few
+    # hundred, and a drain of 400 is then a handful of statements)
+    registry.task("a")(lambda job: time.sleep(0.0005))
+    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'a' FROM generate_series(1, 1000)")
+                 .format(_jobs(migrated)))
+    settings = make_settings(pg_url, migrated.schema_name, batch_size=10,
+                             prepared_statements=prepared)
+    report = run_once(settings, registry=registry)
+    assert report.succeeded == 1000
+    path = traced[0][1]
+    statements = len(_sent(path))
+    assert statements >= 50  # many claims, or the ratio below says little
+    if prepared:
+        assert _parsed(path) <= 0.1 * statements, (_parsed(path), statements)
+    else:
+        assert _parsed(path) >= 0.9 * statements, (_parsed(path), statements)
+
+
+def test_drainer_sessions_do_not_jit_compile(pg_url: str, migrated: Settings) -> None:
+    """JIT compiled the run's first Query and its end-of-run statement whenever the
+    table's statistics costed them over jit_above_cost (40-900 ms a run for statements that
+    touch a batch of rows): the session turns it off, with the timeouts."""
+    with db.connect(migrated) as work:
+        assert work.execute("SHOW jit").fetchone() == ("off",)
+    plain = make_settings(pg_url, migrated.schema_name, session_options=False)
+    with db.connect(plain) as work, psycopg.connect(pg_url) as other:
+        assert work.execute("SHOW jit").fetchone() == other.execute("SHOW jit").fetchone()

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from drainer.drain.claims import Claims
 from drainer.drain.handlers import Handlers
 from drainer.drain.limits import Limits
@@ -397,24 +399,21 @@ def test_a_far_database_claims_ahead_before_the_batch_is_handed_over() -> None:
     assert not d.outcomes.ahead and jobs.in_flight == 0
 
 
-def _probed_drain(jobs: FakeJobs, claim_rtt: float, sync_rtt: float
-                  ) -> tuple[Drain, list[int], list[int]]:
+def _timed_drain(jobs: FakeJobs, claim_rtt: float, per_job: float) -> tuple[Drain, list[int]]:
     """A pipelined drain whose clock has timed ADAPT_SAMPLES claims of ``claim_rtt`` and
-    whose Syncs alone take ``sync_rtt``: the claims' sizes, and the claims in flight at
-    each Sync timed."""
+    whose handlers take ``per_job`` (whatever the machine's load): the claims' sizes."""
     from drainer.drain.clock import ADAPT_SAMPLES
 
     d = _drain(jobs, _registry(lambda job: None), depth=2)
     d.clock.rtt, d.clock.samples = claim_rtt, ADAPT_SAMPLES
     d.clock.round_trip = lambda seconds: None  # type: ignore[method-assign]  # fakes answer at once
-    in_flight: list[int] = []
+    finish = d.clock.finish
 
-    def probe() -> float:
-        in_flight.append(len(d.outcomes.ahead) + jobs.in_flight)
-        return sync_rtt
+    def finish_at(now: float) -> None:
+        finish(now)
+        d.clock.per_job = per_job
 
-    d.claims.probe = probe
-    d.clock.probing = True
+    d.clock.finish = finish_at  # type: ignore[method-assign]
     sizes: list[int] = []
     send = jobs.send
 
@@ -423,33 +422,29 @@ def _probed_drain(jobs: FakeJobs, claim_rtt: float, sync_rtt: float
         send(*args, **kw)
 
     jobs.send = sent  # type: ignore[method-assign]
-    return d, sizes, in_flight
+    return d, sizes
 
 
-def test_a_database_2_ms_away_is_told_by_syncs_and_its_claims_grow() -> None:
-    """Claims of 3 ms (under the 8 ms that alone says a link): LINK_PROBES Syncs alone, each
-    sent with nothing in flight, say a link; the claims then grow to the round trip."""
-    from drainer.drain.clock import LINK_PROBES
-
+@pytest.mark.parametrize(("claim_rtt", "grown"), [(0.0004, 129), (0.005, 512)])
+def test_a_local_database_grows_its_claims_to_the_work(claim_rtt: float, grown: int) -> None:
+    """Locally (claims of 0.4 ms, no-op jobs of 25 us) and on a busy disk (claims of 5 ms,
+    their commits waiting for the WAL flush) the claims grow as across a link, to 8 round
+    trips of work, pipelined within half of MAX_CLAIM (they stayed at --batch-size)."""
     jobs = FakeJobs()
     jobs.add("a", 3000)
-    d, sizes, in_flight = _probed_drain(jobs, 0.003, 0.002)
+    d, sizes = _timed_drain(jobs, claim_rtt, 0.000025)
     d.run()
     assert jobs.statuses() == {"done": 3000} and d.report.succeeded == 3000
-    assert in_flight == [0] * LINK_PROBES  # each on the idle connection, then no more
-    assert d.clock.linked and max(sizes) > 10
+    assert sizes and max(sizes) == grown
 
 
-def test_a_local_database_on_a_busy_disk_times_one_sync_and_keeps_its_batches() -> None:
-    """Claims of 3 ms locally (commits behind other writers): one Sync of 0.05 ms says
-    local; every claim stays at --batch-size."""
+def test_slow_handlers_keep_the_batch_size() -> None:
+    """Jobs of 5 ms: a batch of --batch-size already runs for 8 claims of 3 ms."""
     jobs = FakeJobs()
-    jobs.add("a", 3000)
-    d, sizes, in_flight = _probed_drain(jobs, 0.003, 0.00005)
+    jobs.add("a", 30)
+    d, sizes = _timed_drain(jobs, 0.003, 0.005)
     d.run()
-    assert jobs.statuses() == {"done": 3000} and d.report.succeeded == 3000
-    assert in_flight == [0] and d.clock.linked is False
-    assert sizes and max(sizes) == 10
+    assert jobs.statuses() == {"done": 30} and sizes and max(sizes) == 10
 
 
 def test_a_long_turn_of_the_event_loop_hands_back_its_outcomes_a_share_at_a_time() -> None:

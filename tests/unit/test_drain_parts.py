@@ -331,42 +331,36 @@ def test_outcomes_tell_each_jobs_outcome_once() -> None:
                             (5, "lost"), (6, "lost")]
 
 
-def test_claim_size_adapts_to_a_far_database_within_bounds() -> None:
-    from drainer.drain.clock import ADAPT_MIN_RTT_S, BatchClock
+def test_claim_size_adapts_to_the_measured_work_within_bounds() -> None:
+    from drainer.drain.clock import ADAPT_SAMPLES, BATCH_ROUND_TRIPS, BatchClock
 
     clock = BatchClock(limit=0.1)
     assert clock.adapted(10, 1024) == 10  # nothing measured yet
     for _ in range(10):
         clock.start(0.0)
     clock.finish(0.001)  # 10 jobs in 1 ms: 0.1 ms a job
-    clock.round_trip(ADAPT_MIN_RTT_S / 4)
-    assert clock.adapted(10, 1024) == 10  # a local database: the configured batch
-    clock = BatchClock(limit=0.1)
-    for _ in range(10):
-        clock.start(0.0)
-    clock.finish(0.001)
     clock.round_trip(0.012)
     clock.round_trip(0.010)  # the fastest round trip counts
     assert clock.adapted(10, 1024) == 10  # not before ADAPT_SAMPLES round trips
-    for _ in range(3):
+    for _ in range(ADAPT_SAMPLES - 2):
         clock.round_trip(0.011)
-    assert clock.adapted(10, 1024) == 201  # two round trips of work: 2 x 10 ms / 0.1 ms
+    # BATCH_ROUND_TRIPS round trips of work (8 x 10 ms / 0.1 ms), within half the limit
+    assert clock.adapted(10, 1024) == min(int(BATCH_ROUND_TRIPS * 100) + 1, 500) == 500
     assert clock.adapted(10, 150) == 150  # never more than the cap
-    assert clock.adapted(500, 1024) == 500  # never less than --batch-size
+    assert clock.adapted(800, 1024) == 800  # never less than --batch-size
     slow = BatchClock(limit=0.1)
     slow.start(0.0)
-    slow.finish(0.02)  # 20 ms a job: a batch of 2 round trips would be slow to run
+    slow.finish(0.02)  # 20 ms a job: a batch of 8 round trips would be slow to run
     for _ in range(5):
         slow.round_trip(0.05)
     assert slow.adapted(1, 1024) == 2  # at most what runs within half the limit (0.05 s)
 
 
-def _timed_clock(claim_rtt: float, *, per_job: float = 0.0001, samples: int = 5,
-                 probing: bool = True) -> BatchClock:
+def _timed_clock(claim_rtt: float, *, per_job: float = 0.0001, samples: int = 5
+                 ) -> BatchClock:
     """A clock that has run a batch of 10 at ``per_job`` seconds a job and timed ``samples``
-    claims of ``claim_rtt`` seconds; ``probing``: a Sync alone can be timed."""
+    claims of ``claim_rtt`` seconds."""
     clock = BatchClock(limit=0.1)
-    clock.probing = probing
     for _ in range(10):
         clock.start(0.0)
     clock.finish(10 * per_job)
@@ -375,54 +369,26 @@ def _timed_clock(claim_rtt: float, *, per_job: float = 0.0001, samples: int = 5,
     return clock
 
 
-def test_a_link_under_8_ms_is_told_by_syncs_alone_and_claims_grow() -> None:
-    from drainer.drain.clock import ADAPT_SAMPLES, LINK_PROBES
+def test_a_local_database_grows_its_claims_like_a_link() -> None:
+    """The same rule on any connection: a local claim of 0.4 ms with no-op jobs of 25 us
+    grows to 8 round trips of work (it stayed at --batch-size 10, half the rate of the best
+    --batch-size locally), a busy disk's 5 ms claims and a link's grow further, within the
+    bounds; slow handlers keep the batch size."""
+    from drainer.drain.clock import ADAPT_SAMPLES
 
-    assert not _timed_clock(0.0025, samples=ADAPT_SAMPLES - 1).wants_probe()  # too soon
-    clock = _timed_clock(0.0025)  # claims of 2.5 ms: a link 2 ms away, or a busy disk?
-    for _ in range(LINK_PROBES - 1):
-        assert clock.wants_probe()
-        assert clock.adapted(10, 1024) == 10  # not decided yet: the configured batch
-        assert clock.depth(10, 8) == 1  # one claim in flight, so that the next Sync can go
-        clock.link_round_trip(0.002)
-    assert clock.wants_probe()
-    clock.link_round_trip(0.0021)
-    assert not clock.wants_probe() and clock.linked and clock.far()
-    assert clock.adapted(10, 1024) == 51  # two round trips of work: 2 x 2.5 ms / 0.1 ms
-    assert clock.adapted(10, 30) == 30  # never more than the cap (the free slots)
-    assert clock.depth(10, 8) == 5  # two 2.5 ms round trips of 1 ms batches
-    assert clock.depth(10, 2) == 2  # never deeper than --pipeline-depth
-    # a slow handler: a batch of 10 at 1 ms a job runs longer than two round trips already
-    slow = _timed_clock(0.0025, per_job=0.001)
-    for _ in range(LINK_PROBES):
-        slow.link_round_trip(0.002)
-    assert slow.far() and slow.adapted(10, 1024) == 10
-
-
-def test_a_local_database_on_a_busy_disk_keeps_the_batch_size() -> None:
-    """Claims of 5 ms locally (their commits wait for the WAL flush): one fast Sync says
-    local, for the rest of the drain; the batch size and the claims in flight stay."""
-    clock = _timed_clock(0.005)
-    today = _timed_clock(0.005, probing=False)  # a clock that times no Syncs
-    assert clock.wants_probe()
-    clock.link_round_trip(0.003)  # one slow Sync (a burst of load) does not decide
-    assert clock.wants_probe() and clock.linked is None
-    clock.link_round_trip(0.00005)
-    assert clock.linked is False and not clock.wants_probe() and not clock.far()
-    assert clock.adapted(10, 1024) == today.adapted(10, 1024) == 10
-    assert clock.depth(10, 2) == today.depth(10, 2)
-    for rtt in (0.0003, 0.0001):  # claims faster than a link could be: no Sync at all
-        fast = _timed_clock(rtt)
-        assert not fast.wants_probe() and not fast.far() and fast.adapted(10, 1024) == 10
-    # without Syncs (no libpq pipeline mode), only claims of 8 ms or more grow
-    assert _timed_clock(0.0025, probing=False).adapted(10, 1024) == 10
-    assert not _timed_clock(0.0025, probing=False).wants_probe()
-
-
-def test_claims_of_8_ms_or_more_grow_without_a_sync() -> None:
-    clock = _timed_clock(0.01)
-    assert not clock.wants_probe() and clock.far()
-    assert clock.adapted(10, 1024) == 201 == _timed_clock(0.01, probing=False).adapted(10, 1024)
+    assert _timed_clock(0.0004, per_job=0.000025, samples=ADAPT_SAMPLES - 1) \
+        .adapted(10, 1024) == 10  # too soon
+    local = _timed_clock(0.0004, per_job=0.000025)
+    assert local.adapted(10, 1024) == 129  # 8 x 0.4 ms / 25 us
+    assert local.depth(129, 8) == 1  # a batch runs longer than two round trips: one ahead
+    busy = _timed_clock(0.005, per_job=0.000025)
+    assert busy.adapted(10, 1024) == 1024
+    link = _timed_clock(0.0025)  # 2.5 ms away, 0.1 ms a job
+    assert link.adapted(10, 1024) == 201 and link.adapted(10, 30) == 30
+    assert link.depth(10, 8) == 5  # two 2.5 ms round trips of 1 ms batches
+    assert link.depth(10, 2) == 2  # never deeper than --pipeline-depth
+    # a slow handler: a batch of 10 at 3 ms a job runs longer than 8 round trips already
+    assert _timed_clock(0.0025, per_job=0.003).adapted(10, 1024) == 10
 
 
 @pytest.mark.parametrize(("batch", "concurrency", "max_jobs"), [
@@ -448,3 +414,16 @@ def test_the_first_claim_sent_with_run_start_has_the_loops_first_size(
         assert first_claim_size(batch, concurrency, max_jobs) == claims.size(0)
     finally:
         handlers.shutdown()
+
+
+def test_the_process_start_is_reported_once_a_process() -> None:
+    import time
+
+    from drainer import process
+
+    at = process.started_at()
+    assert at is not None and 0 < time.time() - at < 24 * 3600  # this test process's start
+    process._REPORTED.clear()
+    first = process.start_to_now_once()
+    assert first is not None and first >= 0
+    assert process.start_to_now_once() is None  # a worker's later runs
