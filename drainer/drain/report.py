@@ -58,6 +58,9 @@ class RunReport:
     """Queues of this drain not claimed because an operator paused them."""
     lingered_s: float = 0.0
     """Time spent waiting in the drain's tail for retries due soon (retry_linger)."""
+    reconnects: int = 0
+    """Times the work connection was lost during the run (a suspend, a pooler, a restart,
+    the network) and opened again; the drain went on."""
     rate_limited: int = 0
     """Due jobs of rate-limited queues left queued for a later slot by the last claim of
     each such queue (up to 1000 a queue): the next wake, at the slot, runs them."""

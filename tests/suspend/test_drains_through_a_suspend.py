@@ -42,10 +42,6 @@ def _done_once(conn: psycopg.Connection[Any], schema: str, log_dir: Path) -> Non
     assert ends == dict.fromkeys(rows, 1), ends
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: a drain does not survive a lost "
-                   "connection: the suspend under a running handler ends run-once with "
-                   "exit 3 (database connection lost), the finished outcome unwritten and "
-                   "the jobs left running until their lease expires")
 def test_handlers_that_outlive_the_idle_timeout_finish_every_job_once(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         sim: SuspendSimulator, tmp_path: Path) -> None:
@@ -61,9 +57,6 @@ def test_handlers_that_outlive_the_idle_timeout_finish_every_job_once(
     _done_once(conn, schema, tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: a drain does not survive a lost "
-                   "connection: cut between a claim and its outcome, run-once exits 3 "
-                   "instead of reconnecting and writing the outcome (fenced)")
 def test_a_cut_between_claim_and_outcome_loses_no_outcome(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         sim: SuspendSimulator, tmp_path: Path) -> None:
@@ -97,9 +90,6 @@ def test_the_first_connection_waits_out_a_cold_start_longer_than_the_connect_tim
     _done_once(conn, schema, tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: a drain does not survive a lost "
-                   "connection: after a cut mid-drain no reconnect is tried (with the "
-                   "connect retries the first connection has), run-once exits 3")
 def test_a_reconnect_waits_out_a_cold_start_longer_than_the_connect_timeout(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         tmp_path: Path) -> None:
