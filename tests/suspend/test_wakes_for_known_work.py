@@ -34,9 +34,6 @@ pytestmark = pytest.mark.slow
 TOKEN = "suspend-test-token"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: known work leaves out leases: after a "
-                   "cut, the next run report's next_due_at is null, not the stranded "
-                   "lease's expiry")
 def test_after_a_cut_the_next_run_is_due_when_the_stranded_lease_expires(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         sim: SuspendSimulator, tmp_path: Path) -> None:
