@@ -190,10 +190,12 @@ class Tally:
                            self.report.run_id, outcome.job, outcome="lost",
                            duration_s=outcome.duration_s))
 
-    def next_retry_at(self, now: datetime) -> datetime | None:
-        """The earliest retry or snooze this run wrote that is not due yet (those due
-        already were there for the claim that just found nothing)."""
-        self.retry_times = [t for t in self.retry_times if t > now]
+    def next_retry_at(self, now: datetime, seen: datetime | None = None) -> datetime | None:
+        """The earliest retry or snooze this run wrote that the last claim, sent at
+        ``seen`` (default ``now``), could not see: due after it was sent (a time between
+        ``seen`` and ``now`` is due already; the claim that found nothing ran before it)."""
+        seen = now if seen is None else seen
+        self.retry_times = [t for t in self.retry_times if t > seen]
         return min(self.retry_times, default=None)
 
     def _lost(self, buf: Sequence[Outcome], written: set[int]) -> None:

@@ -104,9 +104,6 @@ def test_serve_runs_a_retry_without_another_trigger(
         proc.kill()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: the retry_linger race: the drain "
-                   "lingers for the first retry, runs it and exits with the second, due "
-                   "a moment later, left to the next wake")
 def test_retries_due_a_moment_apart_run_in_the_same_wake(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         sim: SuspendSimulator, tmp_path: Path) -> None:
