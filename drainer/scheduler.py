@@ -282,8 +282,9 @@ def run_schedule(settings: Settings, wakes: wake_schedule.WakeSchedule, *, stop:
                         nxt[0].isoformat() if nxt else "never")
         if runner.policy == "known-work":
             logger.info("wake policy known-work: a tick connects only after a trigger, with "
-                        "due work left, for a retry come due (not sooner than %s after the "
-                        "last run), or %s after the last run (--max-sleep)",
+                        "due work left, for a retry, delayed job or lease come due (at once: "
+                        "the compute is up for %s after a run), or %s after the last run "
+                        "(--max-sleep)",
                         fmt_seconds(idle.seconds), fmt_seconds(runner.state.max_sleep_s))
         scheduler.start()
         try:

@@ -74,9 +74,6 @@ def _post_drain(port: int) -> dict[str, Any]:
         c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: drainer serve does not wake itself for "
-                   "known work: a retry that comes due after its drain waits for another "
-                   "trigger")
 def test_serve_runs_a_retry_without_another_trigger(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         sim: SuspendSimulator, tmp_path: Path) -> None:
