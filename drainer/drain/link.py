@@ -82,7 +82,7 @@ class Reconnecting(db.Queries):
                        extra={"run_id": self.report.run_id})
         with contextlib.suppress(psycopg.Error):  # what is left of a broken connection
             self.conn.close()
-        conn = db.connect(self.settings)
+        conn = db.connect(self.settings)  # DatabaseUnavailable (exit 3): every attempt failed
         self.conn = conn
         self._sql.conn = conn
         self.report.reconnects += 1

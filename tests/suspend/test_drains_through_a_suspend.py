@@ -107,3 +107,26 @@ def test_a_reconnect_waits_out_a_cold_start_longer_than_the_connect_timeout(
     assert code == 0, err[-3000:]
     _done_once(conn, schema, tmp_path)
     assert len(resumes) == 2 and resumes[1].cause == "drainer"
+
+
+def test_a_database_that_stays_unreachable_after_a_cut_is_exit_3(
+        pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
+        tmp_path: Path) -> None:
+    """The compute goes away under a handler and does not come back (nothing listens any
+    more): the reconnect uses up its attempts, once, and the run exits 3; the job is left
+    to its lease."""
+    _enqueue(conn, schema, 1, 1.0)
+    with SuspendSimulator(IDLE_S, 0.2, target_of(pg_url)) as gone:
+        proc = start_drainer(["run-once", "--queue", "sleepy"], url=url_through(pg_url, gone),
+                             schema=schema, log_dir=tmp_path, DRAINER_CONNECT_RETRIES="1")
+        try:
+            assert cut_once_a_handler_runs(gone, tmp_path) == 1
+        except BaseException:
+            finish(proc, 30)
+            raise
+    code, _out, err = finish(proc, 60)  # the simulator is gone: connections are refused
+    assert code == 3, err[-3000:]
+    assert err.count("connect attempt 1/2 failed") == 1, err[-3000:]  # not tried again
+    assert "database unreachable after 2 attempts" in err
+    (row,) = jobs(conn, schema).values()
+    assert row["status"] == "running"
