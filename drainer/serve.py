@@ -221,7 +221,8 @@ class SelfWake(threading.Thread):
                 self.due, self.why = time.time(), \
                     f"due work left: {report['remaining_due']} due job(s) after the last drain"
             elif nxt:
-                self.due = datetime.fromisoformat(nxt).timestamp()
+                # a little past it: the database's clock and this machine's may differ
+                self.due = datetime.fromisoformat(nxt).timestamp() + 0.05
                 self.why = f"retry due: a job the last drain saw waiting came due at {nxt}"
             else:
                 self.due = None
