@@ -35,6 +35,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench.capacity import section_capacity
 from bench.contenders import (
     Contender,
     Drainer,
@@ -55,6 +56,7 @@ from bench.core import (
     fill,
     fmt_rate,
     fresh_schema,
+    jobs_per_completion,
     jobs_table,
     log,
     run_timed,
@@ -67,8 +69,8 @@ from drainer.migrate import migrate
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 HAVE_PGBENCH = shutil.which("pgbench") is not None
-SECTIONS = ["drain", "multi", "cold", "enqueue", "history", "batch", "long", "link-drain",
-            "link-empty", "io"]
+SECTIONS = ["capacity", "drain", "multi", "cold", "enqueue", "history", "batch", "long",
+            "link-drain", "link-empty", "io"]
 
 
 # -- the race -------------------------------------------------------------------------------------
@@ -107,6 +109,10 @@ def race(contenders: list[Contender], n: int, repeat: int,
             session = c.session_seconds(timed)
             if session:
                 s.session.append(n / session)
+            if isinstance(c, (Drainer, PlainLoop)):
+                per = jobs_per_completion(c.url, c.schema)
+                if per:
+                    s.per_statement.append(per)
             log(f"round {rnd + 1}/{repeat} {c.name}: {n / timed.wall:,.0f} jobs/s "
                 f"({timed.wall:.3f} s, peak RSS {timed.peak_rss_mb:.0f} MB)")
     return out
@@ -149,18 +155,28 @@ def section_drain(ctx: Ctx) -> list[str]:
         ]
     series = race(contenders, ctx.n, ctx.repeat, peers)
     ctx.results["drain"] = {k: v.values for k, v in series.items()}
+    ctx.results["drain_jobs_per_completion"] = {k: v.per_statement for k, v in series.items()
+                                                if v.per_statement}
     lines = [f"### Drain until empty: {ctx.n:,} no-op jobs, wall time from process start to "
              "exit", ""]
     lines += rate_table(series, "drainer run-once (defaults)")
     d = series["drainer run-once (defaults)"].median
     lines.append("")
+    if ctx.capacity:
+        lines.append(f"drainer (defaults) / the server's capacity ({ctx.capacity:,.0f} jobs/s, "
+                     f"section capacity, same run): **{d / ctx.capacity:.2f}x**")
     if HAVE_PGBENCH:
         ceiling = series[contenders[0].name].median
         paired = paired_ratio(series["drainer run-once (defaults)"], series[contenders[0].name])
-        lines.append(f"drainer (defaults) / 1-client pgbench ceiling: **{d / ceiling:.2f}x** "
+        lines.append(f"drainer (defaults) / drainer's own SQL under 1 sequential pgbench client "
+                     f"(claims of 10; not the server's capacity): {d / ceiling:.2f}x "
                      f"(same-round ratio, median: {paired:.2f}x)")
     else:
         lines.append("pgbench not found: no ceiling (install postgresql-client)")
+    for name, s in series.items():
+        if s.per_statement:
+            lines.append(f"{name}: {statistics.median(s.per_statement):,.1f} jobs per "
+                         "completion statement (median over runs; its claim size)")
     for name, s in series.items():
         if name.startswith(("procrastinate", "pgqueuer")):
             lines.append(f"drainer (defaults) / {name}: **{d / s.median:.1f}x**")
@@ -548,6 +564,12 @@ class Ctx:
         self.io_plan: list[tuple[str, int]] = args.io_plan
         self.io_repeat: int = args.io_repeat or args.repeat
         self.database: str = args.database
+        self.smoke: bool = args.smoke
+        self.have_pgbench = HAVE_PGBENCH
+        #: jobs a capacity run (rounded up to a multiple of every clients x LIMIT)
+        self.capacity_n: int = 2 * args.jobs
+        #: the server's capacity, jobs/s: the best of article's SQL (section capacity)
+        self.capacity: float | None = None
         self.db = ensure_database(self.server, args.database)
         self.results: dict[str, Any] = {}
 
@@ -644,7 +666,8 @@ def main(argv: list[str] | None = None) -> int:
     out.append("")
     tables: dict[str, str] = {}
     fns: dict[str, Callable[[Ctx], list[str]]] = {
-        "drain": section_drain, "multi": section_multi, "cold": section_cold,
+        "capacity": section_capacity, "drain": section_drain, "multi": section_multi,
+        "cold": section_cold,
         "enqueue": section_enqueue, "history": section_history, "batch": section_batch,
         "long": section_long, "link-drain": section_link_drain,
         "link-empty": section_link_empty, "io": section_io,

@@ -151,6 +151,17 @@ def fill(url: str, schema: str, n: int, queues: list[str] | None = None, *,
         conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(table))
 
 
+def jobs_per_completion(url: str, schema: str) -> float | None:
+    """The done jobs over the completion statements that wrote them: each statement stamps
+    its rows with its own now() as finished_at, so the distinct stamps count the statements
+    (a claim size, as the drain completes a claim's jobs together). None: nothing done."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(sql.SQL(
+            "SELECT count(*)::float8 / nullif(count(DISTINCT finished_at), 0) FROM {} "
+            "WHERE status = 'done'").format(jobs_table(schema))).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
 def count_status(url: str, schema: str, status: str, queue_not: str | None = None) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         q = sql.SQL("SELECT count(*) FROM {} WHERE status = %s").format(jobs_table(schema))
@@ -235,6 +246,8 @@ class Series:
     #: jobs/s over the run's own session (process start-up left out), where the contender
     #: says how long that was (Contender.session_seconds); one a valid run, else empty
     session: list[float] = field(default_factory=list)
+    #: jobs per completion statement of each valid run (drainer's and the plain loop's)
+    per_statement: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float:

@@ -25,7 +25,8 @@ def main(dsn: str, schema: str, batch: int = 10) -> int:
                 break
             conn.execute(complete, {"ids": [r[0] for r in rows],
                                     "fences": [r[8] for r in rows],
-                                    "results": [None] * len(rows), "followups": "[]"})
+                                    "results": [None] * len(rows), "followups": "[]",
+                                    "running": "running"})
             done += len(rows)
     print(done)
     return 0

@@ -498,23 +498,47 @@ def headline(d: dict[str, Any]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     drain = _dict(d, "drain")
     own = median(drain.get("drainer run-once (defaults)"))
+    sizes = _dict(d, "drain_jobs_per_completion")
     if own == own:
         parts = [f"{fmt_rate(own)} jobs/s"]
-        ceiling = median(drain.get("pgbench ceiling, 1 client (batch 10)"))
-        if ceiling == ceiling:
-            parts.append(f"{ratio(own, ceiling):.2f}x the 1-client pgbench ceiling")
+        size = median(sizes.get("drainer run-once (defaults)"))
+        if size == size:
+            parts[0] += f" (claims of {size:,.0f} jobs on average)"
+        best = _dict(_dict(d, "capacity"), "best").get("article")
+        if isinstance(best, list) and len(best) == 3 and best[0]:
+            parts.append(f"{ratio(own, best[0]):.2f}x the server's capacity "
+                         f"({fmt_rate(best[0])} jobs/s: *Postgres as a job queue*'s SQL "
+                         f"under pgbench, {best[1]} clients, LIMIT {best[2]}, same run)")
         parts += [f"{ratio(own, median(v)):.1f}x {name}" for name, v in drain.items()
                   if name.startswith(("pgqueuer", "procrastinate"))]
         rows.append(("no-op drain, local database, defaults", "; ".join(parts)))
+    cap = _dict(d, "capacity")
+    pairs = [p for p in cap.get("same_round_ratio") or [] if isinstance(p, dict)]
+    best = _dict(cap, "best").get("article")
+    if pairs and isinstance(best, list) and len(best) == 3:
+        at = [p for p in pairs if (p.get("clients"), p.get("limit")) == (best[1], best[2])]
+        if at and at[0].get("ratios"):
+            rows.append(("drainer's claim + complete SQL / *Postgres as a job queue*'s, pgbench",
+                         f"{median(at[0]['ratios']):.2f}x at {best[1]} clients, LIMIT "
+                         f"{best[2]} (that SQL's best setting; same-round ratio)"))
     runs = _link_runs(d)
+    n_jobs = _size(d, "jobs")
+    size = median(sizes.get("drainer run-once (defaults)"))
+    local_size = f" (claims of {size:,.0f} on average)" if size == size else ""
     local = {r["contender"]: median(r.get("jobs_per_s")) for r in runs if r.get("rtt_ms") is None}
     for r in runs:
         rtt = r.get("rtt_ms")
         if rtt is None or not r["contender"].startswith("drainer"):
             continue
         m = median(r.get("jobs_per_s"))
-        parts = [f"{fmt_rate(m)} jobs/s = {ratio(m, local.get(r['contender'])):.2f}x its local "
-                 f"rate", f"{median(r.get('compute_s_per_1000')):.3f} compute-s per 1,000 jobs"]
+        # no ratio to the local rate: the drain sizes its claims by the link, so the two
+        # rates are of different claim sizes; each is given with its own
+        sent = median(r.get("statements"))
+        parts = [f"{fmt_rate(m)} jobs/s"
+                 + (f" ({n_jobs / sent:,.0f} jobs per statement sent)" if sent == sent and sent
+                    and n_jobs else ""),
+                 f"local: {fmt_rate(local.get(r['contender'], math.nan))} jobs/s{local_size}",
+                 f"{median(r.get('compute_s_per_1000')):.3f} compute-s per 1,000 jobs"]
         parts += [f"{ratio(m, median(q.get('jobs_per_s'))):.1f}x {q['contender']}"
                   for q in runs if q.get("rtt_ms") == rtt
                   and not q["contender"].startswith("drainer")]
@@ -534,10 +558,12 @@ def headline(d: dict[str, Any]) -> list[tuple[str, str]]:
             m = median(r.get("jobs_per_s"))
             rows.append((f"{r.get('handlers')} handlers{waiting}, concurrency "
                          f"{r.get('concurrency')}", f"{ratio(m, r.get('ideal_jobs_per_s')):.2f}x "
-                         f"Little's law ({fmt_rate(m)} jobs/s)"))
+                         f"Little's law ({fmt_rate(m)} jobs/s over the handlers' window: first "
+                         "handler start to last handler end, process start and exit left out)"))
     points = batch_points(d)
     if points:
-        rows.append(("batch-size curve, drainer / 1-client ceiling",
+        rows.append(("batch-size curve, drainer / its own SQL under 1 pgbench client at "
+                     "the same claim size",
                      ", ".join(f"{ratio(x, c):.2f}x at {b}" for b, x, c in points)))
     enq = _dict(d, "enqueue")
     raw = median(enq.get("one raw COPY"))

@@ -1,16 +1,12 @@
-"""The Japanese article's jobs table, verbatim, for the tests that adopt or race on it."""
+"""The jobs table of *Postgres as a job queue* (docs/sources.md), verbatim, for the tests
+that adopt or race on it: the CREATE TABLE of bench/pgbench/article_schema.sql (which the
+capacity benchmark runs), the table's name a hole."""
 
-ARTICLE_CREATE_TABLE = """
-CREATE TABLE {t} (
-  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  queue        text        NOT NULL DEFAULT 'default',
-  payload      jsonb       NOT NULL,
-  status       text        NOT NULL DEFAULT 'queued'
-               CHECK (status IN ('queued', 'running', 'done', 'failed')),
-  run_at       timestamptz NOT NULL DEFAULT now(),
-  attempts     int         NOT NULL DEFAULT 0,
-  max_attempts int         NOT NULL DEFAULT 5,
-  locked_until timestamptz,
-  last_error   text,
-  created_at   timestamptz NOT NULL DEFAULT now()
-)"""
+from pathlib import Path
+
+_DDL = (Path(__file__).resolve().parent.parent / "bench" / "pgbench" /
+        "article_schema.sql").read_text()
+_START = _DDL.index("CREATE TABLE jobs (")
+
+ARTICLE_CREATE_TABLE = "\n" + _DDL[_START:_DDL.index("\n);", _START) + 2].replace(
+    "CREATE TABLE jobs (", "CREATE TABLE {t} (", 1)

@@ -143,7 +143,7 @@ class Queries:
     ) -> tuple[set[int], list[ClaimedRow]]:
         """complete_many, then claim_batch, in one statement (one round trip, one commit)."""
         cur = self._exec("complete_many_and_claim", {
-            **completion_params(ids, fences, results, followups), "running": "running",
+            **completion_params(ids, fences, results, followups),
             "queue": queue, "batch_size": batch_size, "lease": lease,
             "start_now": how_many_start(start_now, batch_size), "run_id": run_id,
         })
