@@ -10,9 +10,10 @@ suspend T later, could not keep the compute up less; wakes due within T of each 
 form one group, which the union merges.
 
 A resume is wasted when nothing came of it: in its awake period (the end of its cold
-start to its suspend) no producer session ran (application_name ``bench-producer``) and no
-handler ran (the apps' attempt log; without one, no job finished, by the table's
-``finished_at``). A drainer that reconnects after a cut to wait, a safety-net drain that
+start to its suspend) no producer session ran (application_name ``bench-producer``), no
+handler ran (the apps' attempt log) and no job finished (the table's ``finished_at``: a
+drain that resumes the compute to write the outcomes of handlers that ran while it slept
+is not wasted). A drainer that reconnects after a cut to wait, a safety-net drain that
 finds nothing, a poll: wasted. The simulator sees sessions, not jobs, so the count is
 made here from what the benchmark knows.
 """
@@ -139,10 +140,9 @@ def wasted(periods: Sequence[Period], attempts: Sequence[tuple[float, float]],
         b = p.suspended_at if p.suspended_at is not None else end
         if any(s.application_name == PRODUCER for s in p.sessions):
             continue
-        if attempts:
-            if any(s <= b and e >= a for s, e in attempts):
-                continue
-        elif any(a <= f <= b for f in finished):
+        if any(s <= b and e >= a for s, e in attempts):
+            continue
+        if any(a <= f <= b for f in finished):  # outcomes of handlers that ran while it slept
             continue
         out.append(p)
     return out

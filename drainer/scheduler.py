@@ -46,6 +46,10 @@ DRY_RUN_WAKES = 5
 PULL_EARLIER_MIN_GAIN_S = 1.0
 
 JOB_ID = "drain"
+#: known-work's one-shot wake at the last report's next_due_at (see _Runner._wake_when_due)
+DUE_JOB_ID = "due"
+#: past next_due_at by this much: the database's clock and this machine's may differ a little
+DUE_MARGIN_S = 0.05
 
 _TICK = timedelta(microseconds=1)
 
@@ -184,6 +188,7 @@ class _Runner:
             self.state.run_failed(self.clock())
             raise
         self.state.run_ended(report, seen, self.clock())
+        self._wake_when_due(report)
         ended = datetime.now(self.settings_tz())
         if self.on_report is not None:
             self.on_report(report)
@@ -197,6 +202,17 @@ class _Runner:
         if self.pull_earlier and not self.stop.is_set():
             self._pull_earlier(report, ended)
         return report
+
+    def _wake_when_due(self, report: RunReport) -> None:
+        """known-work: a tick at the report's next_due_at (a retry, a delayed job, a snooze,
+        a lease), besides the --interval ticks, so that it runs when due, not up to an
+        interval later (while the compute is still up from this run, that costs no resume)."""
+        if self.policy != "known-work" or self.scheduler is None or not report.next_due_at \
+                or self.stop.is_set():
+            return
+        due = datetime.fromisoformat(report.next_due_at) + timedelta(seconds=DUE_MARGIN_S)
+        self.scheduler.add_job(self, "date", run_date=due, id=DUE_JOB_ID, name="due",
+                               replace_existing=True)
 
     def settings_tz(self) -> tzinfo:
         tz = getattr(self.scheduler, "timezone", None)
@@ -282,8 +298,9 @@ def run_schedule(settings: Settings, wakes: wake_schedule.WakeSchedule, *, stop:
                         nxt[0].isoformat() if nxt else "never")
         if runner.policy == "known-work":
             logger.info("wake policy known-work: a tick connects only after a trigger, with "
-                        "due work left, for a retry come due (not sooner than %s after the "
-                        "last run), or %s after the last run (--max-sleep)",
+                        "due work left, for a retry, delayed job or lease come due (at once: "
+                        "the compute is up for %s after a run), or %s after the last run "
+                        "(--max-sleep)",
                         fmt_seconds(idle.seconds), fmt_seconds(runner.state.max_sleep_s))
         scheduler.start()
         try:

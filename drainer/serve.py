@@ -14,6 +14,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from drainer._http import Closed, HttpHost, Server
@@ -98,6 +99,8 @@ class Coalescer:
         self._thread: threading.Thread | None = None
         self.stop = threading.Event()
         self.started = 0
+        #: called with each completed drain's report (serve's SelfWake)
+        self.after: Callable[[dict[str, Any]], None] | None = None
 
     def request(self) -> tuple[Run, bool]:
         """The run that will serve this trigger, and whether it joined an existing one."""
@@ -155,6 +158,8 @@ class Coalescer:
             if run.status == "done":
                 logger.info("drain %s done", run.id, extra={"run_id": run.id,
                                                             "report": run.report})
+                if self.after is not None:
+                    self.after(report)
             else:
                 logger.error("drain %s failed: %s", run.id, run.error,
                              extra={"run_id": run.id})
@@ -192,6 +197,52 @@ class Coalescer:
             thread.join(timeout)
 
 
+class SelfWake(threading.Thread):
+    """``drainer serve``'s own trigger for the work its drains saw coming: the report's
+    ``next_due_at`` (a retry, a delayed job, a snooze, the lease of a job left running) or
+    work left due (a drain that --max-runtime ended). At that time it asks the coalescer
+    for a drain, as a POST /drain would, so a retry runs without another trigger (as
+    ``schedule --wake-policy known-work --listen`` does). Nothing known: it sleeps, with no
+    connection; it lives as long as the process (a platform that scales serve to zero
+    stops it, and the next trigger's drain runs what came due)."""
+
+    def __init__(self, coalescer: Coalescer) -> None:
+        super().__init__(name="drainer-serve-wake", daemon=True)
+        self.coalescer = coalescer
+        self.due: float | None = None  # epoch seconds
+        self.why = ""
+        self.changed = threading.Condition()
+
+    def note(self, report: dict[str, Any]) -> None:
+        """A drain completed: what it left is the next wake (a later drain's word wins)."""
+        nxt = report.get("next_due_at")
+        with self.changed:
+            if report.get("remaining_due") and report.get("stopped_by") != "signal":
+                self.due, self.why = time.time(), \
+                    f"due work left: {report['remaining_due']} due job(s) after the last drain"
+            elif nxt:
+                # a little past it: the database's clock and this machine's may differ
+                self.due = datetime.fromisoformat(nxt).timestamp() + 0.05
+                self.why = f"retry due: a job the last drain saw waiting came due at {nxt}"
+            else:
+                self.due = None
+            self.changed.notify()
+
+    def run(self) -> None:
+        while not self.coalescer.stop.is_set():
+            with self.changed:
+                wait = 1.0 if self.due is None else self.due - time.time()
+                if wait > 0:
+                    self.changed.wait(min(wait, 1.0))  # looks at stop every second
+                    continue
+                self.due, why = None, self.why
+            try:
+                run, joined = self.coalescer.request()
+            except Closed:
+                return
+            logger.info("wake: %s", why, extra={"run_id": run.id, "joined": joined})
+
+
 def drain_func(settings: Settings) -> DrainFunc:
     """The drain each POST /drain runs: :func:`drainer.drain.run_once` with the stop event."""
 
@@ -214,9 +265,14 @@ def make_server(settings: Settings, host: str, port: int, *, token: str | None,
     """
     coalescer = Coalescer(drain or drain_func(settings), on_request=on_request)
     try:
-        return Server((host, port), coalescer, token)
+        server = Server((host, port), coalescer, token)
     except OSError as exc:
         raise DrainerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    if drain is None:  # drainer serve: its own wake for known work (schedule has its ticks)
+        wake = SelfWake(coalescer)
+        coalescer.after = wake.note
+        wake.start()
+    return server
 
 
 def serve_until(server: Server, stop: threading.Event, *, grace: float, note: str,

@@ -242,9 +242,10 @@ class WakeState:
     """What the process knows about the queue, to tell whether a tick has a reason to wake.
 
     Kept in memory only: a new process knows nothing, so its first tick drains in full.
-    Times are epoch seconds. ``last_end`` is when the last run (or failed attempt) ended:
-    the compute went quiet then, so a wake for a due retry waits until ``last_end +
-    idle_s`` (one wake then takes every retry that came due meanwhile).
+    Times are epoch seconds. ``last_end`` is when the last run (or failed attempt) ended;
+    a job the last run saw waiting (``next_due_at``: a retry, a delayed job, a snooze, a
+    lease left running) wakes the tick at which it is due. ``idle_s`` says whether the
+    compute is still up then (the log says so).
     """
 
     idle_s: float
@@ -297,23 +298,23 @@ class WakeState:
                 return True, (f"due work left: the last run stopped with "
                               f"{self.remaining_due} due job"
                               f"{'' if self.remaining_due == 1 else 's'}")
-            quiet_until = self.last_end + self.idle_s
-            held = ""
             if self.next_due_at is not None and self.next_due_at <= now:
-                due = _clock(self.next_due_at)
-                if now >= quiet_until:
-                    return True, (f"retry due: a job the last run saw waiting came due at "
-                                  f"{due}")
-                held = (f"a job came due at {due}, held until {_clock(quiet_until)} (idle "
-                        "timeout after the last run) to group wakes; ")
+                # at once: while the compute is still up from the last run (within the idle
+                # timeout) the wake costs no resume and keeps it up no longer than holding
+                # the retry to the idle timeout would (that suspends it, then resumes it);
+                # after, it resumes for the retry either way
+                awake = now < self.last_end + self.idle_s
+                return True, (f"retry due: a job the last run saw waiting came due at "
+                              f"{_clock(self.next_due_at)}"
+                              f"{' (the compute still up: no resume)' if awake else ''}")
             asleep = now - self.last_end
             if asleep >= self.max_sleep_s:
                 return True, (f"safety net: {fmt_seconds(asleep)} since the last run "
                               f"(--max-sleep {fmt_seconds(self.max_sleep_s)})")
-            nxt = ("" if self.next_due_at is None or held else
+            nxt = ("" if self.next_due_at is None else
                    f"next job due {_clock(self.next_due_at)}; ")
             return False, (f"no known work: no trigger since the last drain, none left due; "
-                           f"{held}{nxt}safety net at "
+                           f"{nxt}safety net at "
                            f"{_clock(self.last_end + self.max_sleep_s)}")
 
 

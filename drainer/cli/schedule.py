@@ -172,10 +172,10 @@ class _SchedulePlan:
         lines = [f"schedule: {self.wakes.describe()}"]
         if self.policy == "known-work":
             lines.append(f"wake policy: known-work (ticks check without connecting; a tick "
-                         f"wakes after a trigger, with due work left, for a retry come due "
-                         f"but not sooner than {fmt_seconds(self.idle.seconds)} after the "
-                         f"last run, or {fmt_seconds(max_sleep)} after the last run "
-                         f"(--max-sleep))")
+                         f"wakes after a trigger, with due work left, for a retry, delayed "
+                         f"job or lease come due (at once: the compute is up for "
+                         f"{fmt_seconds(self.idle.seconds)} after a run), or "
+                         f"{fmt_seconds(max_sleep)} after the last run (--max-sleep))")
             lines.append(f"next {DRY_RUN_WAKES} ticks (the first drains in full; with no "
                          "work, later ones skip):")
         else:

@@ -35,6 +35,7 @@ from drainer.drain.limits import (
     record,
     setting_limits,
 )
+from drainer.drain.link import Reconnecting
 from drainer.drain.loop import Drain
 from drainer.drain.outcomes import Outcomes
 from drainer.drain.report import RunReport
@@ -113,10 +114,11 @@ def _cycle(run: _Run, limits: SettingLimits) -> None:
     # full collection while it is open would walk every module of the process
     collector.freeze_startup()
     report.process_start_s = process.start_to_now_once()  # what came before the session
-    conn = run.conn = db.connect(settings)
+    q = Reconnecting(settings, db.connect(settings), report)
+    run.conn = q.conn
+    q.on_reconnect.append(run.reconnected)
     connected_at = time.monotonic()
     try:
-        q = db.Queries(conn, settings.schema_name, settings.table)
         if run.limits.stopped_by(0) is not None:
             plan = plan.without_first()  # past the deadline while connecting: claim nothing
         sent = time.monotonic()
@@ -131,7 +133,7 @@ def _cycle(run: _Run, limits: SettingLimits) -> None:
                 due = list(dict.fromkeys([*due, *schedules.queues_synced()]))
         tasks = limited_tasks(registry, report, limits, found.controls)
         if report.queues and due:
-            drain = run.drain = build(settings, registry, conn, q, report, run.limits,
+            drain = run.drain = build(settings, registry, q, report, run.limits,
                                       run.hurry, run.progress, tasks, tracing)
             drain.begin(due, plan, found.claimed)
             with collector.fewer_collections():
@@ -149,7 +151,7 @@ def _cycle(run: _Run, limits: SettingLimits) -> None:
             end.finish(settings, q, report, served, run.watchdog, run.fin)
         warn_unserved(report, served)
     finally:
-        conn.close()
+        q.conn.close()
         report.connected_s = round(time.monotonic() - connected_at, 6)
         if tracing is not None:
             tracing.close()  # a drain-and-exit process: flush before it exits
@@ -188,6 +190,10 @@ class _Run:
         report.queues = [name for name in self.queues if name not in found.paused]
         self.fin = None  # it counted the paused queues' jobs too: asked again at the end
         return [name for name in found.due if name not in found.paused]
+
+    def reconnected(self, conn: psycopg.Connection[Any]) -> None:
+        """The work connection was opened again (see :mod:`.link`): the watchdog's to cut."""
+        self.conn = conn
 
     def watch(self, *, hard_exit: bool) -> None:
         """Start the --max-runtime watchdog (see :mod:`.watchdog`) when there is a deadline."""
@@ -238,8 +244,8 @@ class _Run:
         self.limits.stop.set()
 
 
-def build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any],
-          q: db.Queries, report: RunReport, limits: Limits, hurry: threading.Event,
+def build(settings: Settings, registry: Registry, q: Reconnecting, report: RunReport,
+          limits: Limits, hurry: threading.Event,
           progress: Callable[[RunReport], None] | None, tasks: dict[str, Task],
           tracing: otel.RunTracing | None = None) -> Drain:
     """The loop over ``report.queues``; ``tasks``: the served queues' tasks with the run's
@@ -256,6 +262,9 @@ def build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any],
     outcomes = Outcomes(q, report, delete=settings.delete_on_complete,
                         retry_base=settings.retry_base, retry_cap=settings.retry_cap,
                         pipeline=db.ClaimPipeline(q) if pipelined else None)
+    outcomes.before_send = q.ready
+    if pipelined:  # the pipeline of a connection opened again
+        q.on_reconnect.append(lambda _conn: setattr(outcomes, "pipeline", db.ClaimPipeline(q)))
     outcomes.tasks = registry.tasks
     if tracing is not None:
         outcomes.tally.on_outcome = tracing.outcome
@@ -282,9 +291,10 @@ def build(settings: Settings, registry: Registry, conn: psycopg.Connection[Any],
                   batch_size=settings.batch_size, grace=settings.grace, hurry=hurry,
                   lease=lease, progress=progress, on_close=runner.close)
     drain.tail.linger = settings.retry_linger
-    interval = heartbeat_interval([lease(registry.tasks[name]) for name in report.queues])
+    interval = heartbeat_interval([lease(registry.tasks[name]) for name in report.queues],
+                                  settings.effective_idle_timeout)
     drain.heartbeat = Heartbeat(settings, report.run_id, interval, drain.leases,
-                                handlers.lock)
+                                handlers.lock, last_used=lambda: q.last_used)
     return drain
 
 

@@ -1,5 +1,12 @@
 """The heartbeat: extends the leases of claimed jobs, on a second connection opened only
-when a lease runs low."""
+when a lease runs low.
+
+With an idle timeout declared (--idle-timeout, --platform) the extensions are planned
+against it: while a statement of this drain keeps the compute up, a lease with less than
+two thirds left is extended then (it costs no resume); while the compute may be suspended,
+only a lease with less than a third left is (the compute is woken for it, a third of the
+lease before it would be lost: time for a cold start and the connect retries). A handler
+that finishes before then never wakes the compute for its lease."""
 
 from __future__ import annotations
 
@@ -9,14 +16,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+
 from drainer import db
+from drainer.drain import link
 from drainer.drain.calls import Running
 from drainer.drain.report import job_extra
 from drainer.job import Job
 
 if TYPE_CHECKING:
-    import psycopg
-
     from drainer.settings import Settings
 
 logger = logging.getLogger("drainer.drain")
@@ -25,10 +33,12 @@ logger = logging.getLogger("drainer.drain")
 HEARTBEAT_FRACTION = 1 / 3
 
 
-def running_low(jobs: list[Running], now: float) -> list[Running]:
-    """The jobs whose lease has less than (1 - HEARTBEAT_FRACTION) of its length left."""
+def running_low(jobs: list[Running], now: float, *, awake: bool = True) -> list[Running]:
+    """The jobs whose lease has less than (1 - HEARTBEAT_FRACTION) of its length left, or
+    when the compute may be suspended (not ``awake``), less than HEARTBEAT_FRACTION."""
+    left = (1 - HEARTBEAT_FRACTION) if awake else HEARTBEAT_FRACTION
     return [r for r in jobs if not r.done and not r.lost
-            and r.lease_expires - now < r.lease * (1 - HEARTBEAT_FRACTION)]
+            and r.lease_expires - now < r.lease * left]
 
 
 class Heartbeat(threading.Thread):
@@ -36,7 +46,8 @@ class Heartbeat(threading.Thread):
     jobs claimed and not finished: running, or waiting to start)."""
 
     def __init__(self, settings: Settings, run_id: str, interval: float,
-                 leases: Callable[[], list[Running]], lock: threading.Lock) -> None:
+                 leases: Callable[[], list[Running]], lock: threading.Lock,
+                 last_used: Callable[[], float] | None = None) -> None:
         super().__init__(name="drainer-heartbeat", daemon=True)
         self.settings = settings
         self.run_id = run_id
@@ -48,6 +59,10 @@ class Heartbeat(threading.Thread):
         self.queries: db.Queries | None = None
         self.lock = threading.Lock()
         self.abandoned = False
+        self.idle_timeout = settings.effective_idle_timeout
+        #: time.monotonic() when the work connection's last statement ended
+        self.work_used = last_used
+        self.used = 0.0  # when this connection's last statement ended
 
     def run(self) -> None:
         while not self.stopped.wait(self.interval):
@@ -65,8 +80,11 @@ class Heartbeat(threading.Thread):
              ) -> set[int]:
         """Extend leases about to run low (or ``only`` those given); return ids still ours."""
         if only is None:
+            now = time.monotonic()
+            used = max(self.used, 0.0 if self.work_used is None else self.work_used())
+            awake = link.awake_within(used, self.idle_timeout, now)
             with self.leases_lock:
-                candidates = running_low(self.leases(), time.monotonic())
+                candidates = running_low(self.leases(), now, awake=awake)
         else:
             candidates = only
         if not candidates:
@@ -74,14 +92,17 @@ class Heartbeat(threading.Thread):
         with self.lock:
             if self.stopped.is_set():
                 return set()  # the drain is over: never open a connection after it
-            if self.conn is None or self.conn.closed:
-                self.conn = db.connect(self.settings, purpose="heartbeat")
-                self.queries = db.Queries(self.conn, self.settings.schema_name,
-                                          self.settings.table)
-            assert self.queries is not None
             leases = [seconds if seconds is not None else r.lease for r in candidates]
-            kept = self.queries.extend_many(
-                [r.job.id for r in candidates], [r.job.fence for r in candidates], leases)
+            ids, fences = [r.job.id for r in candidates], [r.job.fence for r in candidates]
+            try:
+                kept = self._open().extend_many(ids, fences, leases)
+            except psycopg.OperationalError as exc:
+                if self.conn is None or not self.conn.closed or db.timeout_kind(exc):
+                    raise
+                # cut while idle, the cut noticed by the statement: once more, connected again
+                self.conn = None
+                kept = self._open().extend_many(ids, fences, leases)
+            self.used = time.monotonic()
         now = time.monotonic()
         for r, lease in zip(candidates, leases, strict=True):
             if r.job.id in kept:
@@ -95,6 +116,19 @@ class Heartbeat(threading.Thread):
                                "handler was told to stop and its outcome will not be "
                                "written", r.job.id, extra=job_extra(self.run_id, r.job))
         return set(kept)
+
+    def _open(self) -> db.Queries:
+        """The heartbeat's statements, connected (again, when the connection was cut while
+        it was idle: a suspend between two beats)."""
+        if self.conn is not None and link.cut(self.conn):
+            self.conn.close()
+            self.conn = None
+        if self.conn is None:
+            self.conn = db.connect(self.settings, purpose="heartbeat")
+            self.queries = db.Queries(self.conn, self.settings.schema_name,
+                                      self.settings.table)
+        assert self.queries is not None
+        return self.queries
 
     def extend_one(self, r: Running | None, job: Job, seconds: float | None) -> bool:
         """``job.extend()``: extend this one job's lease now."""
@@ -127,6 +161,10 @@ class Heartbeat(threading.Thread):
         self._close()
 
 
-def heartbeat_interval(leases: list[float]) -> float:
-    """How often the heartbeat looks at leases: a fraction of the shortest."""
-    return max(0.05, min(leases) * HEARTBEAT_FRACTION)
+def heartbeat_interval(leases: list[float], idle_timeout: float | None = None) -> float:
+    """How often the heartbeat looks at leases: a fraction of the shortest; with an idle
+    timeout, half the fraction (a lease is extended a third before it ends at the latest)
+    and at most half the idle timeout (a look falls within each time the compute is up)."""
+    if idle_timeout is None:
+        return max(0.05, min(leases) * HEARTBEAT_FRACTION)
+    return max(0.05, min(min(leases) * HEARTBEAT_FRACTION / 2, idle_timeout / 2))

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from drainer.drain.claims import Batch, Claims
@@ -204,13 +205,15 @@ class Drain:
         then runs only if no job of the drained queues is due): the last claim came back
         short and no other queue is believed due, nothing is in flight or waiting, and
         the outcomes are successes only, with no follow-ups (a retry, a snooze or a
-        follow-up may be due again within the run: those take the loop's path)."""
+        follow-up may be due again within the run: those take the loop's path), and no
+        retry of the run is due within --retry-linger (the tail lingers for it)."""
         o = self.outcomes
         return (self.finish is not None and not o.ahead and not self.pending
                 and not self.claims.last_full and self.claims.due is not None
                 and not self.claims.due and bool(o.ok) and not o.failed and not o.snoozed
                 and not o.tally.followups_due and not any(x.job.followups for x in o.ok)
-                and not self._vacuum_due() and self._check_limits() is None)
+                and not self._vacuum_due() and self._check_limits() is None
+                and not self.tail.soon())
 
     def _finish(self) -> None:
         """The successes and finish_run (if_drained) in one statement: DONE when it ran
@@ -260,6 +263,7 @@ class Drain:
 
     def _claim(self, *, with_successes: bool = False) -> None:
         batch: Batch
+        self.tail.seen = datetime.now(timezone.utc)
         if with_successes and self.claims.can_combine():
             claim = self.claims.next()
             if claim.size <= 0:  # --max-jobs reached

@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from drainer.db.connect import one_line
+from drainer.db.connect import one_line, timeout_kind
 from drainer.db.loaders import UndecodablePayload
 from drainer.drain.calls import Outcome, Running
 from drainer.drain.clock import BatchClock
@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("drainer.drain")
 
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """An error that is the connection going, not a statement's (a timeout, a cancel)."""
+    return isinstance(exc, psycopg.OperationalError) and timeout_kind(exc) is None
 
 
 def undecodable(r: Running) -> Outcome | None:
@@ -84,6 +89,9 @@ class Outcomes:
         self.snoozed: list[Outcome] = []
         self.tasks: dict[str, Task] = {}  # the registry's: follow-ups' default max_attempts
         self.ahead: list[_Ahead] = []  # in flight in the pipeline, oldest first
+        #: before a statement goes ahead on an idle connection: connected again if it was
+        #: cut (drainer.drain.link); the pipeline may be a new one after it
+        self.before_send: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         return len(self.ok) + len(self.failed) + len(self.snoozed)
@@ -174,6 +182,8 @@ class Outcomes:
     # -- ahead in the pipeline ------------------------------------------------------------------
     def send_ahead(self, claim: Claim) -> None:
         """The buffered successes and ``claim`` in one statement, not waited for."""
+        if not self.ahead and self.before_send is not None:
+            self.before_send()
         assert self.pipeline is not None
         buf = self.take_successes()
         self.pipeline.send([o.job.id for o in buf], [o.job.fence for o in buf],
@@ -197,6 +207,11 @@ class Outcomes:
         except psycopg.errors.DeadlockDetected as exc:
             self._deadlocked(sent.successes, exc, "pipelined completion and claim")
             return sent.claim, None
+        except psycopg.OperationalError as exc:
+            if not connection_lost(exc):
+                raise
+            self._cut(sent.successes, exc)
+            return sent.claim, None
         self.tally.succeeded(sent.successes, written)
         return sent.claim, rows
 
@@ -213,6 +228,9 @@ class Outcomes:
         for ahead, result in zip(sent, self.pipeline.close(), strict=True):
             if isinstance(result, psycopg.errors.DeadlockDetected):
                 self._deadlocked(ahead.successes, result, "pipelined completion and claim")
+                out.append((ahead.claim, None))
+            elif isinstance(result, psycopg.OperationalError) and connection_lost(result):
+                self._cut(ahead.successes, result)
                 out.append((ahead.claim, None))
             elif isinstance(result, BaseException):
                 error = error or result
@@ -253,7 +271,17 @@ class Outcomes:
         """The transaction of :meth:`in_transaction` committed."""
         self.tally.succeeded([outcome], written)
 
-    # -- the one fallback -----------------------------------------------------------------------
+    # -- the fallbacks --------------------------------------------------------------------------
+    def _cut(self, buf: list[Outcome], exc: BaseException) -> None:
+        """The connection went with a statement in flight: whether it committed is not
+        known. Its successes go back to be written again (fenced: if they were written,
+        the second write is refused and they are counted lost, never written twice); the
+        jobs its claim may have taken are left to their lease (next_due_at counts it)."""
+        logger.warning("the connection was lost with a completion and claim in flight (%s): "
+                       "writing the completions again", one_line(exc),
+                       extra={"run_id": self.report.run_id})
+        self.put_back(buf)
+
     def _deadlocked(self, buf: list[Outcome], exc: BaseException, what: str, *,
                     again: bool = False) -> None:
         """A statement carrying ``buf`` rolled back whole on a deadlock: nothing it wrote

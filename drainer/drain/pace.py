@@ -89,6 +89,18 @@ class Tail:
         self.limits = limits
         self.report = report
         self.linger = linger  # seconds to wait for a retry due that soon
+        #: when the last in-step claim was sent: what was due then, it saw
+        self.seen: datetime | None = None
+
+    def soon(self) -> bool:
+        """Whether a retry or snooze of this drain that its last claim could not see is due
+        within ``linger``: the drain does not end with the last completions then (it
+        lingers in :meth:`again`)."""
+        if self.linger <= 0:
+            return False
+        now = datetime.now(timezone.utc)
+        due = self.tally.next_retry_at(now, self.seen)
+        return due is not None and (due - now).total_seconds() <= self.linger
 
     def again(self) -> bool:
         if self.tally.followups_due:
@@ -101,7 +113,8 @@ class Tail:
             return True
         if self.linger <= 0:
             return False
-        due = min((t for t in (self.tally.next_retry_at(now), self.claims.limited.next_slot(now))
+        due = min((t for t in (self.tally.next_retry_at(now, self.seen),
+                               self.claims.limited.next_slot(now))
                    if t is not None), default=None)
         if due is None:
             return False

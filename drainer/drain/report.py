@@ -62,6 +62,9 @@ class RunReport:
     """Queues of this drain not claimed because an operator paused them."""
     lingered_s: float = 0.0
     """Time spent waiting in the drain's tail for retries due soon (retry_linger)."""
+    reconnects: int = 0
+    """Times the work connection was lost during the run (a suspend, a pooler, a restart,
+    the network) and opened again; the drain went on."""
     rate_limited: int = 0
     """Due jobs of rate-limited queues left queued for a later slot by the last claim of
     each such queue (up to 1000 a queue): the next wake, at the slot, runs them."""
@@ -195,10 +198,12 @@ class Tally:
                            self.report.run_id, outcome.job, outcome="lost",
                            duration_s=outcome.duration_s))
 
-    def next_retry_at(self, now: datetime) -> datetime | None:
-        """The earliest retry or snooze this run wrote that is not due yet (those due
-        already were there for the claim that just found nothing)."""
-        self.retry_times = [t for t in self.retry_times if t > now]
+    def next_retry_at(self, now: datetime, seen: datetime | None = None) -> datetime | None:
+        """The earliest retry or snooze this run wrote that the last claim, sent at
+        ``seen`` (default ``now``), could not see: due after it was sent (a time between
+        ``seen`` and ``now`` is due already; the claim that found nothing ran before it)."""
+        seen = now if seen is None else seen
+        self.retry_times = [t for t in self.retry_times if t > seen]
         return min(self.retry_times, default=None)
 
     def _lost(self, buf: Sequence[Outcome], written: set[int]) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from drainer import db
+from drainer.drain import link
 from drainer.drain.calls import JobContext, Outcome, Running, call
 from drainer.drain.outcomes import Outcomes, undecodable
 from drainer.drain.report import RunReport, job_extra
@@ -113,7 +114,9 @@ class TransactionRunner:
     # -- one job ------------------------------------------------------------------------------
     def _run_one(self, r: Running) -> bool:
         """Run one job's transaction; False: abandoned after a stop (left to its lease)."""
-        if self.conn is None or self.conn.closed:
+        if self.conn is not None and link.cut(self.conn):  # cut between two jobs
+            self.close()
+        if self.conn is None:
             self.conn = db.connect(self.settings, purpose="transaction")
             self.tq = db.Queries(self.conn, self.settings.schema_name, self.settings.table)
         conn, tq = self.conn, self.tq

@@ -568,12 +568,20 @@ queued_queues AS (
 -- What is left for the queues in %(queues)s, as `q`: due now (remaining_due), and the next
 -- run_at to come (next_due_at); a rate-limited queue whose window is full (rate_next_at
 -- ahead) has its jobs due at the next slot, not before (one probe of the control table a
--- queue). And, as `u`, the jobs due on the queued_queues outside %(served)s, by queue
--- (unserved_due): only those queues' jobs are counted.
+-- queue). A job left running (by a run that a cut or a crash ended, or that abandoned it
+-- after the grace period) is due when its lease expires, when the reaper puts it back:
+-- next_due_at is the earliest of both (one probe of the lease index; a lease expired
+-- already is the reaper's at the next run's start, not counted, so that a transaction-mode
+-- job running past its lease does not make every run due at once). And, as `u`, the jobs
+-- due on the queued_queues outside %(served)s, by queue (unserved_due): only those queues'
+-- jobs are counted.
 (
   SELECT count(*) FILTER (WHERE greatest(j.run_at, c.rate_next_at) <= now()) AS remaining_due,
-         min(greatest(j.run_at, c.rate_next_at))
-           FILTER (WHERE greatest(j.run_at, c.rate_next_at) > now()) AS next_due_at
+         least(min(greatest(j.run_at, c.rate_next_at))
+                 FILTER (WHERE greatest(j.run_at, c.rate_next_at) > now()),
+               (SELECT min(r.locked_until) FROM {jobs} r
+                WHERE r.status = 'running' AND r.locked_until > now()
+                  AND r.queue = ANY(%(queues)s))) AS next_due_at
   FROM {jobs} j
   LEFT JOIN {control} c ON c.queue = j.queue AND c.rate_next_at > now()
   WHERE j.status = 'queued' AND j.queue = ANY(%(queues)s)

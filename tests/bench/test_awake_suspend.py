@@ -59,6 +59,9 @@ def test_a_resume_is_wasted_when_no_producer_and_no_handler_ran_in_it() -> None:
     assert [p.index for p in wasted(periods, attempts, [], 0, 150)] == [2]
     # without an attempt log, a job finished in the period makes it useful
     assert [p.index for p in wasted(periods, [], [95.0], 0, 150)] == [1]
+    # a resume that writes the outcomes of handlers that ran while the compute slept
+    # (their attempts ended before it) is not wasted either
+    assert [p.index for p in wasted(periods, [(60.0, 89.0)], [91.5], 0, 150)] == []
 
 
 def test_latency_median_p95_max() -> None:

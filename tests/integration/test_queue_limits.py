@@ -144,9 +144,11 @@ def test_rate_window_claims_at_most_count_and_says_when_the_next_slot_opens(
     enqueue_n(conn, migrated, "r", 10)
     q = queries(migrated, conn)
     rate = Rate(3, 60.0)
-    rows, next_at, limited = q.claim_batch_rated("r", 2, 60, None, rate)
+    # leases longer than the window: the claimed jobs' expiries come after the next slot
+    # (a lease left running counts in next_due_at too)
+    rows, next_at, limited = q.claim_batch_rated("r", 2, 600, None, rate)
     assert (len(rows), next_at, limited) == (2, None, 0)  # room left: no next slot
-    rows2, next_at, limited = q.claim_batch_rated("r", 5, 60, None, rate)
+    rows2, next_at, limited = q.claim_batch_rated("r", 5, 600, None, rate)
     assert len(rows2) == 1 and limited == 7  # 1 slot left: the 7 other due jobs wait
     assert next_at is not None
     # the window is full until the first claim (of 2) is a period old
@@ -154,7 +156,7 @@ def test_rate_window_claims_at_most_count_and_says_when_the_next_slot_opens(
                          .format(control(migrated))).fetchone()
     assert first is not None and first[1] == [2, 1]
     assert next_at == first[0] + timedelta(seconds=60)
-    rows3, next_at3, limited3 = q.claim_batch_rated("r", 5, 60, None, rate)
+    rows3, next_at3, limited3 = q.claim_batch_rated("r", 5, 600, None, rate)
     assert (rows3, next_at3, limited3) == ([], next_at, 7)
     # the queue's due jobs count as due at the next slot: nothing due now, next due then
     remaining, next_due = q.queue_summary(["r"])

@@ -95,12 +95,12 @@ def test_empty_queue_does_little_while_the_session_is_open(
                                                            real_start(self))[1])
     rendered: list[dict[str, str]] = []
 
-    class Recorded(db.Queries):
+    class Recorded(drain_cycle.Reconnecting):  # the run's statements (see drain/link.py)
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             rendered.append(self._sql)
 
-    monkeypatch.setattr(db, "Queries", Recorded)
+    monkeypatch.setattr(drain_cycle, "Reconnecting", Recorded)
     report = run_once(migrated, registry=registry)
     assert report.claimed == 0 and report.next_due_at is None
     assert drains == [] and beats == []

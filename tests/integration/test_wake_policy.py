@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -228,7 +229,7 @@ def test_due_work_left_wakes_at_the_next_tick(
     assert sum(r.succeeded for _, r in s.reports) == 8
 
 
-def test_a_due_retry_waits_for_the_idle_timeout_after_the_last_run(
+def test_a_due_retry_wakes_when_due_while_the_compute_is_still_up(
         quiet: Settings, conn: psycopg.Connection[Any], registry: Registry,
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="drainer")
@@ -249,12 +250,35 @@ def test_a_due_retry_waits_for_the_idle_timeout_after_the_last_run(
         wait_done(conn, quiet.schema_name, job, 10)
     assert [a for a, _ in attempts] == [1, 2]
     gap = attempts[1][1] - first[0]
-    # due after 0.2 s, but grouped: not before the idle timeout after the run ended
-    assert idle - 0.1 <= gap <= idle + 1.5, gap
-    held = wakes(caplog, "tick skipped, no connection: no known work: no trigger since the "
-                 "last drain, none left due; a job came due at")
-    assert held, "ticks between the retry's due time and the idle timeout say why they wait"
-    assert wakes(caplog, "wake: retry due")
+    # due 0.2 s after it failed: run at the next tick (0.2 s apart), well inside the idle
+    # timeout after the run ended (not held to it: that would suspend, then resume, the
+    # compute for the retry)
+    assert gap < idle - 0.5, gap
+    (woke,) = wakes(caplog, "wake: retry due")
+    assert woke.getMessage().endswith("(the compute still up: no resume)"), woke.getMessage()
+
+
+def test_a_due_retry_runs_when_due_not_at_the_next_interval_tick(
+        quiet: Settings, conn: psycopg.Connection[Any], registry: Registry) -> None:
+    """Ticks 30 s apart: the retry (due 0.2 s after its first attempt failed) runs at its
+    due time, by a wake at the report's next_due_at, not 30 s later."""
+    attempts: list[tuple[int, float]] = []
+
+    @registry.task("flaky")
+    def handler(job: Job) -> None:
+        attempts.append((job.attempt, time.time()))
+        if job.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    job = insert_plain(conn, quiet.schema_name, "flaky")
+    fast_retry = quiet.model_copy(update={"retry_base": 0.1})
+    with scheduling(fast_retry, registry, tick=30, idle=20, max_sleep=600) as s:
+        first = s.wait_reports(1)[0][1]
+        assert first.retried == 1 and first.next_due_at is not None
+        wait_done(conn, quiet.schema_name, job, 10)
+    assert [a for a, _ in attempts] == [1, 2]
+    late = attempts[1][1] - datetime.fromisoformat(first.next_due_at).timestamp()
+    assert 0 <= late < 1.0, late
 
 
 def test_safety_net_serves_jobs_inserted_without_a_trigger(

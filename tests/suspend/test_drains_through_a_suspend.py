@@ -42,10 +42,6 @@ def _done_once(conn: psycopg.Connection[Any], schema: str, log_dir: Path) -> Non
     assert ends == dict.fromkeys(rows, 1), ends
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: a drain does not survive a lost "
-                   "connection: the suspend under a running handler ends run-once with "
-                   "exit 3 (database connection lost), the finished outcome unwritten and "
-                   "the jobs left running until their lease expires")
 def test_handlers_that_outlive_the_idle_timeout_finish_every_job_once(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         sim: SuspendSimulator, tmp_path: Path) -> None:
@@ -61,9 +57,6 @@ def test_handlers_that_outlive_the_idle_timeout_finish_every_job_once(
     _done_once(conn, schema, tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: a drain does not survive a lost "
-                   "connection: cut between a claim and its outcome, run-once exits 3 "
-                   "instead of reconnecting and writing the outcome (fenced)")
 def test_a_cut_between_claim_and_outcome_loses_no_outcome(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         sim: SuspendSimulator, tmp_path: Path) -> None:
@@ -97,9 +90,6 @@ def test_the_first_connection_waits_out_a_cold_start_longer_than_the_connect_tim
     _done_once(conn, schema, tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: a drain does not survive a lost "
-                   "connection: after a cut mid-drain no reconnect is tried (with the "
-                   "connect retries the first connection has), run-once exits 3")
 def test_a_reconnect_waits_out_a_cold_start_longer_than_the_connect_timeout(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         tmp_path: Path) -> None:
@@ -117,3 +107,26 @@ def test_a_reconnect_waits_out_a_cold_start_longer_than_the_connect_timeout(
     assert code == 0, err[-3000:]
     _done_once(conn, schema, tmp_path)
     assert len(resumes) == 2 and resumes[1].cause == "drainer"
+
+
+def test_a_database_that_stays_unreachable_after_a_cut_is_exit_3(
+        pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
+        tmp_path: Path) -> None:
+    """The compute goes away under a handler and does not come back (nothing listens any
+    more): the reconnect uses up its attempts, once, and the run exits 3; the job is left
+    to its lease."""
+    _enqueue(conn, schema, 1, 1.0)
+    with SuspendSimulator(IDLE_S, 0.2, target_of(pg_url)) as gone:
+        proc = start_drainer(["run-once", "--queue", "sleepy"], url=url_through(pg_url, gone),
+                             schema=schema, log_dir=tmp_path, DRAINER_CONNECT_RETRIES="1")
+        try:
+            assert cut_once_a_handler_runs(gone, tmp_path) == 1
+        except BaseException:
+            finish(proc, 30)
+            raise
+    code, _out, err = finish(proc, 60)  # the simulator is gone: connections are refused
+    assert code == 3, err[-3000:]
+    assert err.count("connect attempt 1/2 failed") == 1, err[-3000:]  # not tried again
+    assert "database unreachable after 2 attempts" in err
+    (row,) = jobs(conn, schema).values()
+    assert row["status"] == "running"

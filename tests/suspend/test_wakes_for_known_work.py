@@ -34,9 +34,6 @@ pytestmark = pytest.mark.slow
 TOKEN = "suspend-test-token"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: known work leaves out leases: after a "
-                   "cut, the next run report's next_due_at is null, not the stranded "
-                   "lease's expiry")
 def test_after_a_cut_the_next_run_is_due_when_the_stranded_lease_expires(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         sim: SuspendSimulator, tmp_path: Path) -> None:
@@ -77,9 +74,6 @@ def _post_drain(port: int) -> dict[str, Any]:
         c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: drainer serve does not wake itself for "
-                   "known work: a retry that comes due after its drain waits for another "
-                   "trigger")
 def test_serve_runs_a_retry_without_another_trigger(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         sim: SuspendSimulator, tmp_path: Path) -> None:
@@ -107,9 +101,6 @@ def test_serve_runs_a_retry_without_another_trigger(
         proc.kill()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: the retry_linger race: the drain "
-                   "lingers for the first retry, runs it and exits with the second, due "
-                   "a moment later, left to the next wake")
 def test_retries_due_a_moment_apart_run_in_the_same_wake(
         pg_url: str, schema: str, migrated: Settings, conn: psycopg.Connection[Any],
         sim: SuspendSimulator, tmp_path: Path) -> None:

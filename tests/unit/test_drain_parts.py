@@ -427,3 +427,19 @@ def test_the_process_start_is_reported_once_a_process() -> None:
     first = process.start_to_now_once()
     assert first is not None and first >= 0
     assert process.start_to_now_once() is None  # a worker's later runs
+
+
+def test_a_retry_due_after_the_last_claim_was_sent_is_kept_for_the_linger() -> None:
+    """The retry_linger race: a retry due between the last empty claim and the tail's look
+    was not seen by that claim; it is kept (due now), not dropped as if it had been."""
+    from datetime import datetime, timedelta, timezone
+
+    from drainer.drain.report import Tally
+
+    tally = Tally(RunReport("r", ["q"]))
+    sent = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    seen_by_claim, after_claim = sent - timedelta(seconds=0.03), sent + timedelta(seconds=0.03)
+    tally.retry_times = [seen_by_claim, after_claim, sent + timedelta(seconds=5)]
+    now = sent + timedelta(seconds=0.05)
+    assert tally.next_retry_at(now, sent) == after_claim
+    assert tally.next_retry_at(now) == sent + timedelta(seconds=5)  # seen now: as before
