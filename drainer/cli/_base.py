@@ -41,7 +41,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "pause": ("db",),
     "resume": ("db",),
     "limit": ("db",),
-    "ui": ("db", "app", "wake"),
+    "ui": ("db", "app", "wake", "fleet"),
     "fleet": ("fleet",),  # each fleet command's own: drainer.cli.fleet.FLEET_SCOPES
 }
 
