@@ -330,6 +330,9 @@ def schedule_fleet(args: argparse.Namespace, settings: Settings,
         sys.stdout.write("".join(line + "\n" for line in lines))
         return EXIT_OK
     _checked_tenants(settings)
+    conn, control = _control(settings)  # unreachable: exit 3; no control table: exit 4
+    with conn:
+        control.check()
     stop = threading.Event()
     loop = FleetLoop(settings, stop=stop, look=look, logs=_tenant_logs(),
                      on_report=lambda report: print_json(report.as_dict()))

@@ -346,3 +346,5 @@ def test_fleet_schedule_and_serve_bad_input_is_one_line_and_exit_2(files: dict[s
     assert len(no_url.stderr.strip().splitlines()) <= 2, no_url.stderr
     dry = run_cli(["schedule", "--fleet", "--dry-run"], pg_url=None, schema=None, **env)
     assert dry.returncode == 0 and "known-work across the fleet" in dry.stdout
+    unmigrated = run_cli(["schedule", "--fleet"], pg_url=None, schema=None, **env)
+    assert unmigrated.returncode == 4 and "drainer fleet migrate" in unmigrated.stderr
