@@ -156,9 +156,12 @@ class Server(GuardedServer):
     """The server of POST /drain: the guarded server with the trigger's routes."""
 
     def __init__(self, address: tuple[str, int], coalescer: Coalescer,
-                 token: str | None, max_connections: int | None = None) -> None:
+                 token: str | None, max_connections: int | None = None,
+                 screen: Callable[[str], tuple[Any, ...] | None] | None = None) -> None:
         super().__init__(address, Handler, max_connections)
         self.coalescer = coalescer
+        # what a POST /drain's query asks before its drain (tenant=: drainer/fleet/trigger.py)
+        self.screen = screen
         self.expected = None if token is None else f"Bearer {token}".encode()
 
 
@@ -308,6 +311,10 @@ class Handler(GuardedHandler):
             self._unauthorized()
             return
         if self._read_body() is None:
+            return
+        answer = None if self.server.screen is None else self.server.screen(parts.query)
+        if answer is not None:
+            self._send(*answer)
             return
         try:
             run, joined = self.server.coalescer.request()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -35,8 +36,14 @@ OUTCOMES = ("claimed", "succeeded", "retried", "failed", "released", "reaped", "
 
 
 def grouping_key(settings: Settings) -> dict[str, str]:
-    """The labels that name this drainer's group on the gateway (besides ``job``)."""
-    return {"instance": settings.pushgateway_instance or socket.gethostname()}
+    """The labels that name this drainer's group on the gateway (besides ``job``); in a
+    fleet run, ``tenant`` too: one group a tenant, each its own last run."""
+    key = {"instance": settings.pushgateway_instance or socket.gethostname()}
+    fleet = sys.modules.get("drainer.fleet.run")  # loaded by a fleet run only
+    tenant = None if fleet is None else fleet.current_tenant.get()
+    if tenant is not None:
+        key["tenant"] = tenant
+    return key
 
 
 def build_registry(settings: Settings, report: RunReport, *, now: float | None = None

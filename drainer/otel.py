@@ -89,11 +89,18 @@ class RunTracing:
     def __init__(self, provider: Any) -> None:
         global _active
         self.provider = provider
+        # this run's spans: two runs of one process at once (a fleet's tenants, each its
+        # own database) have jobs with the same (id, attempt)
+        self.open: dict[tuple[int, int], tuple[Any, int | None]] = {}
         _active += 1
+
+    def job_span(self, task: Task, job: Job) -> JobSpan:
+        """The context manager of one of this run's handlers (the drain's job_context)."""
+        return JobSpan(task, job, self.open)
 
     def outcome(self, job: Job, outcome: str) -> None:
         """The job's outcome is known (written, or lost): its span ends with it."""
-        entry = _open.pop((job.id, job.attempt), None)
+        entry = self.open.pop((job.id, job.attempt), None)
         if entry is None:
             return
         span, ended_ns = entry
@@ -105,8 +112,8 @@ class RunTracing:
         running after the grace period: ``lost``), then flush spans and metrics."""
         global _active
         _active = max(0, _active - 1)
-        for key, (span, ended_ns) in list(_open.items() if not _active else ()):
-            if _open.pop(key, None) is not None:
+        for key, (span, ended_ns) in list(self.open.items()):
+            if self.open.pop(key, None) is not None:
                 span.set_attribute("drainer.outcome", "lost")
                 span.end(end_time=ended_ns)
         flush(self.provider)
@@ -136,8 +143,6 @@ def flush(provider: Any = None) -> None:
 
 # -- the job span ------------------------------------------------------------------------------
 
-#: Spans started and not ended, by (job id, attempt), with when their handler returned.
-_open: dict[tuple[int, int], tuple[Any, int | None]] = {}
 _tracer: Any = None
 
 
@@ -159,10 +164,14 @@ def _install() -> None:
 class JobSpan:
     """The context manager a handler runs in: its span is current meanwhile."""
 
-    __slots__ = ("ended_ns", "job", "span", "token")
+    __slots__ = ("ended_ns", "job", "open", "span", "token")
 
-    def __init__(self, task: Task, job: Job) -> None:
+    def __init__(self, task: Task, job: Job,
+                 open_spans: dict[tuple[int, int], tuple[Any, int | None]]) -> None:
         self.job = job
+        self.open = open_spans
+        """Its run's spans started and not ended, by (job id, attempt), with when their
+        handler returned."""
         self.ended_ns: int | None = None
         self.token: object | None = None
 
@@ -193,7 +202,7 @@ class JobSpan:
                 "messaging.destination.name": job.queue,
                 "messaging.message.id": str(job.id),
             })
-        _open[(job.id, job.attempt)] = (self.span, None)
+        self.open[(job.id, job.attempt)] = (self.span, None)
         self.token = context.attach(trace.set_span_in_context(self.span))
         return self
 
@@ -204,10 +213,10 @@ class JobSpan:
 
         self.ended_ns = time.time_ns()
         key = (self.job.id, self.job.attempt)
-        entry = _open.get(key)
+        entry = self.open.get(key)
         if entry is None or entry[0] is not self.span:
             return  # already ended (abandoned after its timeout)
-        _open[key] = (self.span, self.ended_ns)
+        self.open[key] = (self.span, self.ended_ns)
         if ok:
             return
         first = (error or "").split("\n", 1)[0]

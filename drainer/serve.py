@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -254,18 +254,36 @@ def drain_func(settings: Settings) -> DrainFunc:
     return drain
 
 
+def fleet_drain_func(settings: Settings, logs: Any = None) -> DrainFunc:
+    """The drain of ``drainer serve --fleet``: one fleet run (the tenants due by then, the
+    marked ones among them), its report under the run id POST /drain answered."""
+
+    def drain(stop: threading.Event) -> dict[str, Any]:
+        from drainer.fleet.run import run_fleet
+
+        return run_fleet(settings, stop=stop, run_id=requested_run_id(),
+                         logs=logs).as_dict()
+
+    return drain
+
+
 def make_server(settings: Settings, host: str, port: int, *, token: str | None,
                 drain: DrainFunc | None = None,
-                on_request: Callable[[], None] | None = None) -> Server:
+                on_request: Callable[[], None] | None = None,
+                mark: Callable[[Sequence[str]], None] | None = None) -> Server:
     """The HTTP server, bound and ready for ``serve_forever`` (used by tests too).
 
     ``drainer schedule --listen`` uses it too, with its own ``drain`` (which waits for a
     scheduled run to end) and ``on_request`` (called under the coalescer's lock for every
-    accepted POST /drain).
+    accepted POST /drain). ``mark``: a fleet's (``--fleet``): POST /drain?tenant=NAME marks
+    the tenant due with it before the drain (a fleet run) is asked for; without it, a
+    ``tenant`` parameter is refused.
     """
+    from drainer.fleet.trigger import tenant_screen
+
     coalescer = Coalescer(drain or drain_func(settings), on_request=on_request)
     try:
-        server = Server((host, port), coalescer, token)
+        server = Server((host, port), coalescer, token, screen=tenant_screen(mark))
     except OSError as exc:
         raise DrainerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     if drain is None:  # drainer serve: its own wake for known work (schedule has its ticks)

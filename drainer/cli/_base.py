@@ -28,9 +28,9 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "status": ("db", "app"),
     "run-once": ("db", "run"),
     "demo": ("db", "run"),
-    "schedule": ("db", "run", "wake", "trigger", "schedule"),
+    "schedule": ("db", "run", "wake", "trigger", "schedule", "fleet"),
     "next-wake": ("db", "run"),
-    "serve": ("db", "run", "trigger"),
+    "serve": ("db", "run", "trigger", "fleet"),
     "worker": ("db", "run", "wake"),
     "audit": ("db", "wake"),
     "jobs": ("db", "app"),
@@ -41,7 +41,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "pause": ("db",),
     "resume": ("db",),
     "limit": ("db",),
-    "ui": ("db", "app", "wake"),
+    "ui": ("db", "app", "wake", "fleet"),
     "fleet": ("fleet",),  # each fleet command's own: drainer.cli.fleet.FLEET_SCOPES
 }
 

@@ -123,15 +123,6 @@ def _control(settings: Settings) -> tuple[Any, Control]:
     return conn, Control(conn, settings.schema_name)
 
 
-def _listed(settings: Settings, conn: Any) -> list[str] | None:
-    """The names of this process's tenants when a tenant list is configured, else None."""
-    if not settings.fleet_tenants and not settings.fleet_tenants_query:
-        return None
-    from drainer.fleet.tenants import load_tenants, names
-
-    return names(load_tenants(settings, conn)[0])
-
-
 def _tenant_logs() -> Any:
     """Each log line of a tenant's work names the tenant (``tenant`` in JSON logs)."""
     from drainer.fleet.run import TenantLogs
@@ -233,11 +224,12 @@ def run_once_command(args: argparse.Namespace, settings: Settings) -> int:
 
 def status_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.fleet.status import fleet_status
+    from drainer.fleet.tenants import listed_names
 
     conn, control = _control(settings)
     with conn:
         control.check()
-        found = fleet_status(control, _listed(settings, conn))
+        found = fleet_status(control, listed_names(settings, conn))
     emit(found, render_status, as_json=args.json)
     return EXIT_OK
 
@@ -263,14 +255,102 @@ def render_status(status: dict[str, Any]) -> str:
 
 def next_wake_command(args: argparse.Namespace, settings: Settings) -> int:
     from drainer.fleet.status import fleet_next_wake
+    from drainer.fleet.tenants import listed_names
 
     conn, control = _control(settings)
     with conn:
         control.check()
-        wake = fleet_next_wake(control, _listed(settings, conn), settings.fleet_max_sleep)
+        wake = fleet_next_wake(control, listed_names(settings, conn), settings.fleet_max_sleep)
     if args.json:
         print_json(wake.as_dict())
     elif wake.at is not None:
         sys.stdout.write(f"{wake.at.astimezone(timezone.utc):%Y-%m-%dT%H:%M:%SZ}\n")
         sys.stdout.flush()
+    return EXIT_OK
+
+
+# -- the fleet's trigger and schedule (drainer serve --fleet, drainer schedule --fleet) ----------
+
+
+def _checked_tenants(settings: Settings) -> list[str] | None:
+    """The tenant names of a tenants file (a bad file: exit 2 before anything starts), or
+    None when they come from --tenants-query or the control table (read at each mark)."""
+    from drainer.fleet.control import control_settings
+    from drainer.fleet.tenants import load_tenants, names
+
+    control_settings(settings)  # no DRAINER_FLEET_URL: exit 2
+    if settings.fleet_tenants_query or not settings.fleet_tenants:
+        return None
+    return names(load_tenants(settings)[0])
+
+
+def fleet_trigger(settings: Settings, address: tuple[str, int], token: str | None,
+                  drain: Any = None) -> tuple[Any, str]:
+    """``drainer serve --fleet``'s server (``drain``: schedule --fleet's, which waits for
+    its loop's run) and what its start line says."""
+    from drainer.drain import resolve_queues
+    from drainer.fleet.trigger import TenantMarks
+    from drainer.registry import default_registry
+    from drainer.serve import fleet_drain_func, make_server
+
+    listed = _checked_tenants(settings)
+    resolve_queues(settings, default_registry)  # loads the app; exit 2 if wrong
+    server = make_server(settings, *address, token=token,
+                         drain=drain or fleet_drain_func(settings, _tenant_logs()),
+                         mark=TenantMarks(settings, listed))
+    count = "the control table's" if listed is None else f"{len(listed)}"
+    return server, f"fleet of {count} tenants: POST /drain?tenant=NAME"
+
+
+def schedule_fleet(args: argparse.Namespace, settings: Settings,
+                   listen: tuple[str, int] | None) -> int:
+    """``drainer schedule --fleet``: the known-work policy across the fleet until a signal
+    (``listen``: where POST /drain?tenant=NAME is taken, None: nowhere)."""
+    from drainer._http import HttpHost
+    from drainer._signals import stop_on_signals
+    from drainer.cli._output import seconds_arg
+    from drainer.fleet.loop import DEFAULT_LOOK_S, FleetLoop
+
+    for flag, given in (("--cron", args.cron), ("--pull-earlier", args.pull_earlier),
+                        ("--jitter", args.jitter)):
+        if given:
+            raise ConfigError(f"{flag} does not go with --fleet: a fleet wakes when the "
+                              "control table says a tenant is due")
+    look = seconds_arg("--interval", args.interval) or DEFAULT_LOOK_S
+    if args.no_auth and listen is None:
+        raise ConfigError("--no-auth only goes with --listen")
+    lines = [f"schedule: --fleet, a look at the control table every {look:g} s at most "
+             "(no tenant connected to)",
+             "wake policy: known-work across the fleet (a fleet run when a tenant is due "
+             "or never drained; else sleep until the earliest known next_due_at)"]
+    if listen is not None:
+        lines.append(f"triggers: POST http://{listen[0]}:{listen[1]}/drain?tenant=NAME marks "
+                     "the tenant due and drains at once")
+    if args.dry_run:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        return EXIT_OK
+    _checked_tenants(settings)
+    conn, control = _control(settings)  # unreachable: exit 3; no control table: exit 4
+    with conn:
+        control.check()
+    stop = threading.Event()
+    loop = FleetLoop(settings, stop=stop, look=look, logs=_tenant_logs(),
+                     on_report=lambda report: print_json(report.as_dict()))
+    http = HttpHost.nothing()
+    if listen is not None:
+        from drainer.serve import trigger_token
+
+        server, _ = fleet_trigger(settings, listen, trigger_token(settings, args.no_auth),
+                                  drain=loop.triggered)
+        http = HttpHost(server, name="drainer-schedule-http", grace=settings.grace)
+    for line in lines[:2]:  # the listening line says where triggers go
+        logger.info("%s", line)
+    with stop_on_signals(stop, _stopping("no new fleet runs; the one in progress stops "
+                                         "claiming and is recorded")), \
+            stdout_for_reports_only(), http:
+        if listen is not None:
+            http.start("no tenant connected to until one is due")
+        runs = loop.run()
+        http.close()
+    logger.info("stopped after %d fleet run(s)", runs)
     return EXIT_OK

@@ -63,6 +63,11 @@ def configure_schedule(sub: Any) -> None:
                    help="Take triggers on this port (the same as --listen HOST:PORT).")
     p.add_argument("--no-auth", action="store_true", help="With --listen: accept POST /drain "
                    "without a bearer token (only behind something that authenticates).")
+    p.add_argument("--fleet", action="store_true", help="Wake a fleet's tenants "
+                   "(DRAINER_FLEET_URL, --tenants): a fleet run-once whenever the control "
+                   "table says a tenant is due, sleeping until its earliest next_due_at "
+                   "between (--interval: the longest between two looks at it [default: "
+                   "10s]); with --listen, POST /drain?tenant=NAME (docs/fleet.md).")
 
 
 def wake_schedule_from_args(args: argparse.Namespace, policy: str = "always") -> WakeSchedule:
@@ -92,6 +97,10 @@ def wake_schedule_from_args(args: argparse.Namespace, policy: str = "always") ->
 
 def schedule_command(args: argparse.Namespace, settings: Settings) -> int:
     """Validate, print the awake estimate, run until SIGTERM/SIGINT."""
+    if args.fleet:
+        from drainer.cli.fleet import schedule_fleet
+
+        return schedule_fleet(args, settings, listen_address(args, None, None))
     from drainer.wake_schedule import check_schedule
     from drainer.waking import idle_timeout_of
 

@@ -80,8 +80,15 @@ def ui_command(args: argparse.Namespace, settings: Settings) -> int:
     guard = Guard(token, bind_host=args.host, allowed_hosts=args.allowed_host)
     idle = idle_timeout_of(settings)
     policy = RefreshPolicy(idle, allow_always_on=args.allow_always_on)
+    extra: list[Any] = []
+    if settings.fleet_url is not None:  # --fleet-url / DRAINER_FLEET_URL: the fleet view
+        from drainer.fleet.control import control_settings
+        from drainer.ui.fleet import FleetPage
+
+        control_settings(settings)  # its password masked in every output
+        extra.append(FleetPage(settings))
     dashboard = Dashboard(settings, guard=guard, refresh=policy, registry=registry,
-                          secure_cookie=args.secure_cookie)
+                          extra_pages=extra, secure_cookie=args.secure_cookie)
     server = make_ui_server(dashboard, args.host, args.port)
     host, port = server.server_address[:2]
     logger.info("listening on http://%s:%d/; no database connection until a page is "

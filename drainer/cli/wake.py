@@ -104,6 +104,10 @@ def configure_serve(sub: Any) -> None:
                    help="Accept POST /drain without a bearer token (only behind something "
                    "that authenticates; by default serve refuses to start without "
                    "DRAINER_TRIGGER_TOKEN).")
+    p.add_argument("--fleet", action="store_true", help="Drain a fleet's tenants instead of "
+                   "one database: POST /drain?tenant=NAME marks the tenant due on the "
+                   "control database (DRAINER_FLEET_URL), then a coalesced fleet run drains "
+                   "the due tenants (docs/fleet.md).")
 
 
 def serve_command(args: argparse.Namespace, settings: Settings) -> int:
@@ -115,9 +119,15 @@ def serve_command(args: argparse.Namespace, settings: Settings) -> int:
     address = listen_address(args, "127.0.0.1", _env_port())
     assert address is not None
     token = trigger_token(settings, args.no_auth)
-    settings.dsn  # noqa: B018 - a missing database URL is a configuration error (exit 2)
-    queues = resolve_queues(settings, default_registry)  # loads the app; exit 2 if wrong
-    server = make_server(settings, *address, token=token)
+    if args.fleet:
+        from drainer.cli.fleet import fleet_trigger
+
+        server, what = fleet_trigger(settings, address, token)
+    else:
+        settings.dsn  # noqa: B018 - a missing database URL is a configuration error (exit 2)
+        queues = resolve_queues(settings, default_registry)  # loads the app; exit 2 if wrong
+        server = make_server(settings, *address, token=token)
+        what = f"queues: {', '.join(queues)}"
     stop_requested = threading.Event()
 
     def stopping(name: str) -> None:
@@ -126,8 +136,8 @@ def serve_command(args: argparse.Namespace, settings: Settings) -> int:
 
     with stop_on_signals(stop_requested, stopping):
         started = serve_until(server, stop_requested, grace=settings.grace,
-                              note=f"queues: {', '.join(queues)}; no database connection "
-                              "until a drain is requested")
+                              note=f"{what}; no database connection until a drain is "
+                              "requested")
     logger.info("stopped after %d drain(s)", started)
     return 0
 

@@ -256,7 +256,7 @@ def build(settings: Settings, registry: Registry, q: Reconnecting, report: RunRe
 
     handlers = Handlers(settings.concurrency, settings.batch_size, settings.job_timeout,
                         may_start=lambda: not limits.must_release(),
-                        context=None if tracing is None else otel.JobSpan)
+                        context=None if tracing is None else tracing.job_span)
     handlers.result_max_bytes = settings.result_max_bytes
     pipelined = db.ClaimPipeline.supported() and settings.pipeline_depth >= 2
     outcomes = Outcomes(q, report, delete=settings.delete_on_complete,

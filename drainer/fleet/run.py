@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import sys
 import threading
 import time
 import uuid
@@ -212,31 +211,12 @@ class TenantLogs(logging.Filter):
         return True
 
 
-def tenant_settings(settings: Settings, tenant: Tenant, *, tracing: bool) -> Settings:
+def tenant_settings(settings: Settings, tenant: Tenant) -> Settings:
     """A tenant's run settings: the fleet's, with the tenant's own URL and nothing of
     another tenant. --max-runtime is the fleet run's (each turn gets a deadline instead);
-    the Pushgateway group is the tenant's (one group a tenant, not the last one's)."""
-    update: dict[str, Any] = {"database_url": SecretStr(tenant.url), "max_runtime": None}
-    if settings.pushgateway_url:
-        import socket
-
-        base = settings.pushgateway_instance or socket.gethostname()
-        update["pushgateway_instance"] = f"{base}/{tenant.name}"
-    if not tracing:
-        update["otel"] = "off"
-    return settings.model_copy(update=update)
-
-
-def _tracing_allowed(settings: Settings) -> bool:
-    """Job spans only with one tenant at a time: drainer keeps the open spans of a process
-    by (job id, attempt), which two tenants' jobs share."""
-    if settings.fleet_concurrency == 1 or settings.otel == "off":
-        return True
-    if settings.otel == "on" or "opentelemetry.trace" in sys.modules:
-        logger.warning("OpenTelemetry job spans are off in this fleet run: with "
-                       "--fleet-concurrency > 1, two tenants' jobs would share span keys "
-                       "(set --fleet-concurrency 1 to trace)")
-    return False
+    the Pushgateway group gets the ``tenant`` label from :data:`current_tenant`."""
+    return settings.model_copy(update={"database_url": SecretStr(tenant.url),
+                                       "max_runtime": None})
 
 
 @dataclass
@@ -269,7 +249,6 @@ class FleetRun:
         self.logs = logs
         self.report = FleetReport(self.run_id, None if shard is None else str(shard),
                                   len(self.tenants))
-        self.tracing = _tracing_allowed(settings)
         self.waiting: deque[_Entry] = deque()
         self.in_turn = 0
         self.cond = threading.Condition()
@@ -364,8 +343,7 @@ class FleetRun:
         token = current_tenant.set(name)
         started = time.monotonic()
         try:
-            report = run_once(tenant_settings(self.settings, entry.tenant,
-                                              tracing=self.tracing),
+            report = run_once(tenant_settings(self.settings, entry.tenant),
                               registry=self._registry(), stop=self.stop, deadline=deadline,
                               run_id=run_id)
         except Exception as exc:

@@ -257,3 +257,11 @@ def load_tenants(settings: Settings, conn: psycopg.Connection[Any] | None = None
                           "--tenants-query (DRAINER_FLEET_TENANTS_QUERY)")
     shard = shard_from(settings.fleet_shard, settings.fleet_shard_count)
     return select(found, shard), shard
+
+
+def listed_names(settings: Settings, conn: psycopg.Connection[Any]) -> list[str] | None:
+    """This process's tenant names (its file or query, its shard) when a tenant list is
+    configured, else None (every tenant of the control table)."""
+    if not settings.fleet_tenants and not settings.fleet_tenants_query:
+        return None
+    return names(load_tenants(settings, conn)[0])

@@ -1,10 +1,14 @@
-"""``drainer fleet ...`` as a subprocess: lines, reports, exit codes, and no password out."""
+"""``drainer fleet ...`` as a subprocess: lines, reports, exit codes, and no password out;
+``drainer serve --fleet`` and ``drainer schedule --fleet``: POST /drain?tenant=NAME marks
+and drains that tenant, the schedule wakes for known work only."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,13 +16,16 @@ from typing import Any
 import psycopg
 import pytest
 
+from drainer.fleet import due
 from drainer.fleet.tenants import shard_of
+from tests.acceptance._proc import DrainerProcess
 from tests.conftest import ROOT, cli_env, finish, run_cli
 from tests.integration._fleet import (
     Fleet,
     create_database,
     enqueue,
     jobs,
+    sessions,
     tenant_fleet,
 )
 
@@ -186,3 +193,158 @@ def test_two_fleet_processes_at_once_never_drain_one_tenant_twice(
     for t in fleet.tenants:
         assert [(j["status"], j["attempts"]) for j in jobs(t.url)
                 if j["queue"] == "slow"] == [("done", 1)] * 2
+
+
+# -- serve --fleet and schedule --fleet ----------------------------------------------------------
+
+
+TOKEN = "fleet-trigger-token-0123"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _post(port: int, path: str, headers: dict[str, str] | None = None
+          ) -> tuple[int, dict[str, Any]]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        c.request("POST", path, headers=AUTH if headers is None else headers)
+        r = c.getresponse()
+        data = r.read()
+        return r.status, json.loads(data) if data else {}
+    finally:
+        c.close()
+
+
+def _process(args: list[str], files: dict[str, Any], **env: str) -> DrainerProcess:
+    return DrainerProcess(args, pg_url=None, schema=None, DRAINER_FLEET_URL=files["control"],
+                          DRAINER_APP="fleet_jobs", DRAINER_FLEET_TENANTS=str(files["tenants"]),
+                          TENANT_PASSWORD=PASSWORD, DRAINER_TRIGGER_TOKEN=TOKEN, **env)
+
+
+def _control_row(files: dict[str, Any], name: str) -> dict[str, Any]:
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(files["control"], autocommit=True, row_factory=dict_row) as conn:
+        row = conn.execute("SELECT * FROM drainer.fleet_tenants WHERE name = %s",
+                           [name]).fetchone()
+    assert row is not None
+    return row
+
+
+def _warm(fleet: Fleet, files: dict[str, Any]) -> None:
+    """Migrated, and every tenant drained once (none is never seen)."""
+    assert _fleet(["migrate"], files).returncode == 0
+    assert _fleet(["run-once"], files).returncode == 0
+
+
+def test_serve_fleet_marks_the_tenant_and_drains_it_alone(fleet: Fleet,
+                                                          files: dict[str, Any]) -> None:
+    _warm(fleet, files)
+    t = fleet.tenants[2]
+    enqueue(t.url, "work", [{}, {}, {}])
+    before = sessions(fleet.server_url, [fleet.database_of(x) for x in fleet.tenants])
+    proc = _process(["serve", "--fleet", "--port", "0"], files)
+    try:
+        port = int(proc.wait_log("listening on")["port"])
+        assert _post(port, f"/drain?tenant={t.name}", {})[0] == 401
+        code, body = _post(port, "/drain")
+        assert code == 400 and "tenant=NAME" in body["error"]
+        code, body = _post(port, "/drain?tenant=b@d")
+        assert code == 400 and "invalid tenant name" in body["error"]
+        code, body = _post(port, "/drain?tenant=nobody")
+        assert code == 404 and "nobody" in body["error"]
+
+        code, body = _post(port, f"/drain?tenant={t.name}&wait=1")
+        assert code == 200, body
+        report = body["report"]
+        assert report["run_id"] == body["run_id"]
+        assert [line["tenant"] for line in report["tenants"]] == [t.name]
+        assert report["tenants"][0]["succeeded"] == 3
+    finally:
+        assert proc.terminate() == 0, proc.stderr()
+        proc.kill()
+    assert PASSWORD not in proc.stderr() + proc.stdout
+    assert {j["status"] for j in jobs(t.url)} == {"done"}  # tenants are shared by the module
+    after = sessions(fleet.server_url, [fleet.database_of(x) for x in fleet.tenants])
+    assert {db for db in after if after[db] != before[db]} == {fleet.database_of(t)}
+    assert _control_row(files, t.name)["outcome"] == "drained"
+
+
+def test_serve_without_fleet_refuses_a_tenant(pg_url: str, migrated: Any, schema: str
+                                              ) -> None:
+    proc = DrainerProcess(["serve", "--port", "0"], pg_url=pg_url, schema=schema,
+                          DRAINER_APP="fleet_jobs", DRAINER_TRIGGER_TOKEN=TOKEN)
+    try:
+        port = int(proc.wait_log("listening on")["port"])
+        code, body = _post(port, "/drain?tenant=acme")
+        assert code == 400 and "--fleet" in body["error"]
+    finally:
+        proc.terminate()
+        proc.kill()
+
+
+def test_schedule_fleet_wakes_for_marks_triggers_and_known_due_times_only(
+        fleet: Fleet, files: dict[str, Any]) -> None:
+    _warm(fleet, files)
+    marked, triggered, later = fleet.tenants[0], fleet.tenants[1], fleet.tenants[3]
+    proc = _process(["schedule", "--fleet", "--interval", "1", "--listen", "127.0.0.1:0"],
+                    files)
+    try:
+        port = int(proc.wait_log("listening on")["port"])
+        time.sleep(1.5)  # a few looks with nothing due: no fleet run
+        assert proc.count_logs("fleet wake:") == 0, proc.stderr()
+
+        enqueue(marked.url, "work", [{}])
+        with psycopg.connect(files["control"], autocommit=True) as conn:
+            due(conn, marked.name)
+        _wait_done(marked.url, 1)
+
+        enqueue(triggered.url, "work", [{}, {}])
+        code, body = _post(port, f"/drain?tenant={triggered.name}&wait=1")
+        assert code == 200, body
+        assert [line["tenant"] for line in body["report"]["tenants"]] == [triggered.name]
+
+        # a delayed job: one due mark drains the tenant (nothing due yet) and its run
+        # report's next_due_at brings the next run, with no other mark
+        with psycopg.connect(later.url, autocommit=True) as conn:
+            conn.execute("INSERT INTO drainer.jobs (queue, payload, run_at) VALUES "
+                         "('work', '{}', now() + interval '3 seconds')")
+        with psycopg.connect(files["control"], autocommit=True) as conn:
+            due(conn, later.name)
+        proc.wait_log(f"tenant {later.name}: drained", timeout=20)
+        assert _control_row(files, later.name)["next_due_at"] is not None
+        _wait_done(later.url, 1, timeout=20)
+    finally:
+        assert proc.terminate() == 0, proc.stderr()
+        proc.kill()
+    assert PASSWORD not in proc.stderr() + proc.stdout
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    drained = [line["tenant"] for r in reports for line in r["tenants"]]
+    # every fleet run drained only tenants with work: never the two left alone
+    assert set(drained) <= {marked.name, triggered.name, later.name}, drained
+    assert drained.count(later.name) >= 2
+
+
+def _wait_done(url: str, count: int, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while [j["status"] for j in jobs(url)].count("done") < count:
+        assert time.monotonic() < deadline, jobs(url)
+        time.sleep(0.1)
+
+
+def test_fleet_schedule_and_serve_bad_input_is_one_line_and_exit_2(files: dict[str, Any]
+                                                                   ) -> None:
+    from tests.conftest import run_cli
+
+    env = {"DRAINER_FLEET_URL": files["control"], "DRAINER_FLEET_TENANTS": str(files["tenants"]),
+           "TENANT_PASSWORD": PASSWORD, "DRAINER_APP": "fleet_jobs"}
+    cron = run_cli(["schedule", "--fleet", "--cron", "* * * * *"], pg_url=None, schema=None,
+                   **env)
+    assert cron.returncode == 2 and "--cron does not go with --fleet" in cron.stderr
+    no_url = run_cli(["serve", "--fleet", "--no-auth", "--port", "0"], pg_url=None,
+                     schema=None, DRAINER_APP="fleet_jobs")
+    assert no_url.returncode == 2 and "DRAINER_FLEET_URL" in no_url.stderr
+    assert len(no_url.stderr.strip().splitlines()) <= 2, no_url.stderr
+    dry = run_cli(["schedule", "--fleet", "--dry-run"], pg_url=None, schema=None, **env)
+    assert dry.returncode == 0 and "known-work across the fleet" in dry.stdout
+    unmigrated = run_cli(["schedule", "--fleet"], pg_url=None, schema=None, **env)
+    assert unmigrated.returncode == 4 and "drainer fleet migrate" in unmigrated.stderr

@@ -187,6 +187,46 @@ def test_each_tenant_is_drained_with_its_own_url_only(fleet: Fleet, control_url:
     assert len(all_run_ids) == len(set(all_run_ids))
 
 
+def test_each_tenant_pushes_its_own_metrics_group(fleet: Fleet, control_url: str) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.integration.test_metrics import parse_exposition, value
+
+    pushes: dict[str, str] = {}
+
+    class Gateway(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            pushes[self.path] = body.decode()
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = _settings(control_url, pushgateway_url=(
+            f"http://127.0.0.1:{server.server_address[1]}"), pushgateway_instance="fleet-a")
+        with connect_control(settings) as conn:
+            Control(conn, settings.schema_name).create()
+        chosen = fleet.tenants[:4]
+        for i, t in enumerate(chosen):
+            enqueue(t.url, "work", [{}] * (i + 1))
+        report = _run(settings, chosen)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert report.totals()["succeeded"] == 10
+    # one group a tenant, its own counts: runs at once never share or swap a group
+    assert sorted(pushes) == sorted(f"/metrics/job/drainer/instance/fleet-a/tenant/{t.name}"
+                                    for t in chosen)
+    for i, t in enumerate(chosen):
+        samples = parse_exposition(pushes[f"/metrics/job/drainer/instance/fleet-a/tenant/{t.name}"])
+        assert value(samples, "drainer_run_jobs", outcome="succeeded") == i + 1
+
+
 # -- what a run writes back ------------------------------------------------------------------------
 
 

@@ -162,7 +162,6 @@ def test_no_span_or_off_stores_nothing_and_traces_nothing(
     enqueue(conn, "a", {}, **_names(migrated))
     assert run_once(off, registry=registry).succeeded == 1
     assert len(_job_spans(spans)) == 1
-    assert otel._open == {}
 
 
 def test_auto_without_a_configured_provider_is_off(
@@ -235,3 +234,41 @@ def test_a_limited_queue_s_jobs_are_linked_to_their_producer(
         assert span.parent is not None and span.parent.span_id == producer.span_id
         assert span.context.trace_id == producer.trace_id
         assert [link.context.span_id for link in span.links] == [producer.span_id]
+
+
+def test_two_overlapping_runs_in_one_process_keep_their_own_job_spans(
+        migrated: Settings, pg_url: str, conn: psycopg.Connection[Any], registry: Registry,
+        spans: InMemorySpanExporter) -> None:
+    """Two tenants' runs at once (a fleet run's threads): their jobs share (job id,
+    attempt), and each span ends with its own job's outcome."""
+    import threading
+    import uuid
+
+    from drainer.migrate import migrate
+
+    other = make_settings(pg_url, f"t_{uuid.uuid4().hex[:12]}")
+    migrate(conn, other.schema_name, other.table)
+    both = threading.Barrier(2, timeout=20)
+
+    @registry.task("a")
+    def a(job: Job) -> str:
+        both.wait()  # both runs' handlers are running: both spans open at once
+        return "ok"
+
+    try:
+        for s in (migrated, other):
+            enqueue(conn, "a", {}, **_names(s))  # job 1, attempt 1 in each
+        reports: list[Any] = []
+        threads = [threading.Thread(target=lambda s=s: reports.append(
+            run_once(s, registry=registry))) for s in (migrated, other)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(r.succeeded for r in reports) == [1, 1]
+        job_spans = _job_spans(spans)
+        assert [s.attributes["drainer.job_id"] for s in job_spans] == [1, 1]
+        assert [s.attributes["drainer.outcome"] for s in job_spans] == ["succeeded"] * 2
+    finally:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(
+            sql.Identifier(other.schema_name)))
