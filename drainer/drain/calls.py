@@ -5,7 +5,6 @@ a thread."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import traceback
 from collections.abc import Callable
@@ -14,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from drainer.job import DEFAULT_RESULT_MAX_BYTES, Job, Snooze
+from drainer.job import DEFAULT_RESULT_MAX_BYTES, Job, Snooze, storable_json
 
 if TYPE_CHECKING:
     from drainer.db.queries import ClaimedRow
@@ -154,7 +153,15 @@ def raised(task: Task, job: Job, exc: BaseException, timeout: float | None) -> O
 
 
 def returned(task: Task, job: Job, value: Any, result_max_bytes: int) -> Outcome:
-    """The outcome of a handler that returned ``value`` (kept as the job's result)."""
+    """The outcome of a handler that returned ``value`` (kept as the job's result), once
+    what it hands back (the result, the follow-ups, also those appended past
+    ``job.enqueue``) is known to be storable: one that is not fails this job alone, not
+    the batch statement it would have joined."""
+    for followup in job.followups:
+        try:
+            followup.check()
+        except (TypeError, ValueError) as exc:
+            return Outcome(job, task, False, f"FollowUpError: {exc}")
     if value is None:
         return Outcome(job, task, True)
     try:
@@ -171,19 +178,14 @@ class ResultError(ValueError):
 def result_json(value: Any, max_bytes: int) -> str:
     """A handler's return value as the JSON text kept in ``result``; ResultError if it
     cannot be serialised or is larger than ``max_bytes``."""
+    what = "the handler's return value"
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ResultError(f"the handler's return value is not JSON-serialisable ({exc}); "
-                          "return None, or a dict/list/str/number") from None
-    if "\\u0000" in text:
-        raise ResultError("the handler's return value contains a NUL character, which "
-                          "PostgreSQL's jsonb refuses") from None
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ResultError("the handler's return value has text that is not valid UTF-8 "
-                          "(a lone surrogate)") from None
+        text = storable_json(value, what)
+    except TypeError as exc:
+        raise ResultError(f"{exc}; return None, or a dict/list/str/number") from None
+    except ValueError as exc:
+        raise ResultError(str(exc)) from None
+    size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise ResultError(f"the handler's return value is {size} bytes of JSON, more than "
                           f"result_max_bytes ({max_bytes}): store it elsewhere and return a "

@@ -220,6 +220,7 @@ class Claims:
         # none in flight, when a Sync is timed (claims grown to the free handler slots
         # would otherwise keep one in flight throughout)
         return (self.depth >= 2 and self.last_full and not self.outcomes.failed
+                and not self.outcomes.split  # written once the connection is free
                 and len(self.outcomes.ahead) < (1 if self.clock.wants_probe() else self.depth)
                 and self.combine and self.may_combine(self.cursor) and self.size() > 0)
 
