@@ -134,7 +134,8 @@ class Snooze(Exception):
 @dataclass(frozen=True)
 class Retry:
     """A task's retry policy: a failed job waits ``least(cap, base * 2^attempts)`` seconds
-    (times ``1 + jitter * random()``), and fails for good after ``max_attempts``.
+    (times ``1 + jitter * random()``), and fails for good after ``max_attempts``. A wait
+    past run_at's range (``cap=float("inf")``, a huge base) runs at its end (9999-01-01).
 
     ``None`` keeps the setting (``retry_base``, ``retry_cap``; ``max_attempts``: the
     task's, else the job's own)."""
@@ -151,8 +152,8 @@ class Retry:
                 raise ValueError(f"Retry({name}=...) must be positive")
         if not 0 <= self.jitter <= 10:  # NaN too
             raise ValueError("Retry(jitter=...) must be between 0 and 10")
-        if self.max_attempts is not None and self.max_attempts < 1:
-            raise ValueError("Retry(max_attempts=...) must be at least 1")
+        if self.max_attempts is not None:
+            storable_int(self.max_attempts, "Retry(max_attempts=...)", low=1)
 
 
 @dataclass

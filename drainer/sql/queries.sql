@@ -289,17 +289,17 @@ SELECT id FROM done;
 -- payload that cannot be decoded, an exception the task discards).
 -- base, cap and jitter are per row (the task's retry policy, else the settings): the wait
 -- is multiplied by 1 + jitter * random() (jitter 0: exactly the formula).
--- 2^attempts is bounded so that a large max_attempts cannot overflow the interval, and
--- run_at stays under the table's CHECK (9999-01-01).
+-- The wait is computed in float8 (2^attempts bounded) and only its least made an interval,
+-- so that a large max_attempts or base (the client sends at most ~9,500 years) cannot
+-- overflow the interval, and run_at stays under the table's CHECK (9999-01-01).
 UPDATE {jobs} j
 SET status       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
                         THEN 'failed' ELSE 'queued' END,
     run_at       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
                         THEN j.run_at
-                        ELSE least(now() + least(make_interval(secs => o.cap),
-                                                 make_interval(secs => o.base)
-                                                   * 2 ^ least(j.attempts, 40))
-                                         * (1 + o.jitter * random()),
+                        ELSE least(now() + make_interval(secs => least(
+                                                 o.cap, o.base * 2 ^ least(j.attempts, 40))
+                                               * (1 + o.jitter * random())),
                                    '9999-01-01 00:00:00+00'::timestamptz) END,
     locked_until = NULL,
     finished_at  = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)

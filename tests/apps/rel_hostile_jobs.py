@@ -46,7 +46,7 @@ def child(job: Job) -> None:
     record(job, "start")
 
 
-@task("retry_inf_cap", retry=Retry(base=1, cap=float("inf")))
+@task("retry_inf_cap", retry=Retry(base=3600, cap=float("inf")))
 def retry_inf_cap(job: Job) -> None:
     record(job, "start")
     raise RuntimeError("fails, retried with an uncapped policy")
