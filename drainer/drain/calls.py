@@ -5,6 +5,7 @@ a thread."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -21,6 +22,28 @@ if TYPE_CHECKING:
 
 #: Longest error text kept in last_error.
 MAX_ERROR_CHARS = 4000
+
+#: How many times this process was forked into the child it is (os.register_at_fork): a
+#: handler that forks and returns in both processes is seen by a count that changed across
+#: the call, and its child ends there (:func:`end_if_forked`).
+forks = 0
+
+
+def _forked() -> None:
+    global forks
+    forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def end_if_forked(before: int) -> None:
+    """In the child of a handler that forked (``forks`` changed since ``before``, taken when
+    the handler was called), end the process at once: a copy of the drain must never run
+    (it would run the rest of the batch again, under the parent's fences, and hold the
+    parent's stdout open). ``os._exit``: no outcome, no buffered output, no atexit."""
+    if forks != before:
+        os._exit(0)
 
 
 
@@ -116,9 +139,10 @@ NO_CONTEXT: AbstractContextManager[None] = nullcontext()
 def call(task: Task, job: Job, result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES,
          context: JobContext | None = None) -> Outcome:
     """Run one handler and catch whatever it raises."""
-    started = time.monotonic()
+    started, before = time.monotonic(), forks
     with NO_CONTEXT if context is None else context(task, job) as span:
         outcome = _call_handler(task, job, result_max_bytes)
+        end_if_forked(before)
         if span is not None:
             span.ended(outcome.ok, outcome.error)
     outcome.duration_s = round(time.monotonic() - started, 6)

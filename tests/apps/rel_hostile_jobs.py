@@ -63,3 +63,9 @@ def forks(job: Job) -> None:
     """Forks; the parent and the child both return (a handler that forgot the child)."""
     record(job, "start")
     os.fork()
+
+
+@task("forks_async")
+async def forks_async(job: Job) -> None:
+    record(job, "start")
+    os.fork()

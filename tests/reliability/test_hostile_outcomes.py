@@ -9,6 +9,13 @@ one row is split so that only that job fails.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -23,8 +30,8 @@ from drainer.producer import JobSpec, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings
 from tests.apps.rel_hostile_jobs import BAD_FOLLOWUPS
-from tests.conftest import make_settings
-from tests.reliability._helpers import jobs, run_once, runs_per_job, wait_leases_expired
+from tests.conftest import ROOT, cli_env, make_settings
+from tests.reliability._helpers import executions, jobs, run_once, runs_per_job, wait_leases_expired
 
 APP = "tests.apps.rel_hostile_jobs"
 
@@ -122,3 +129,52 @@ def test_an_uncapped_retry_policy_fails_only_its_own_job(
             # inf cap: base * 2^1 (two hours); a base of 1e308: the settings' cap (an hour)
             assert r["run_at"] > datetime.now(timezone.utc) + timedelta(minutes=59), r
     assert set(runs_per_job(tmp_path).values()) == {1}
+
+
+def _read_to_eof(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bool]:
+    """What ``drainer run-once | cat`` gets: stdout read to its end (every process holding
+    it gone), and whether the end came within ``timeout`` s."""
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    out, until = b"", time.monotonic() + timeout
+    while time.monotonic() < until:
+        try:
+            chunk = proc.stdout.read()
+        except BlockingIOError:
+            chunk = None
+        if chunk == b"":
+            return out, True
+        out += chunk or b""
+        time.sleep(0.05)
+    return out, False
+
+
+@pytest.mark.parametrize(("queue", "concurrency"), [("forks", "1"), ("forks", "4"),
+                                                    ("forks_async", "4")])
+def test_a_handler_that_forks_runs_nothing_twice_and_the_pipe_ends(
+    queue: str, concurrency: str, migrated: Settings, conn: psycopg.Connection[Any],
+    pg_url: str, tmp_path: Path
+) -> None:
+    schema = migrated.schema_name
+    specs = [JobSpec(queue, {"n": i}) for i in range(3)]
+    specs += [JobSpec("child", {"n": i}) for i in range(6)]
+    enqueue_many(conn, specs, schema=schema)
+
+    proc = subprocess.Popen(  # its own session: whatever it leaves behind is killed below
+        [sys.executable, "-m", "drainer", "run-once", "--concurrency", concurrency,
+         "--batch-size", "4"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT,
+        start_new_session=True,
+        env=cli_env(pg_url, schema, DRAINER_APP=APP, REL_LOG_DIR=str(tmp_path)))
+    try:
+        out, ended = _read_to_eof(proc, timeout=30)
+        code = proc.wait(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the forked children left, if any
+            os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    assert ended, "stdout still open 30 s on: a forked child kept running"
+    assert code == 0 and json.loads(out)["succeeded"] == 9, out
+    assert set(runs_per_job(tmp_path).values()) == {1}, runs_per_job(tmp_path)
+    assert {e[2] for e in executions(tmp_path)} == {proc.pid}  # all in the drainer
+    assert [r["status"] for r in jobs(conn, schema).values()] == ["done"] * 9
