@@ -43,15 +43,18 @@ next AS (
 -- too, whose unknown LIMIT would otherwise turn the join into a hash join over a Seq Scan
 -- of the table.
 --
--- The first start_now rows (in claim order) start at once: their attempt is charged for
--- certain (charged). The others are claimed ahead of their start: an expired lease gives
--- their attempt back (reap_expired). A suspect (a job whose lease expired before) is only
--- claimed among the first start_now rows; further back it is left queued for a later claim.
+-- The first start_now rows (in claim order) start at once; the others are claimed ahead
+-- of their start. A claim proves no start (a death between its commit and the handler's
+-- start leaves no trace), so an expired lease gives the claim's attempt back
+-- (reap_expired) and makes the job a suspect, except for a suspect: a suspect (a job whose
+-- lease expired before) is only claimed among the first start_now rows (further back it is
+-- left queued for a later claim) and its attempt is charged for certain (charged), so that
+-- a job that kills its drainer uses up its attempts (max_attempts + 1 runs at most).
 UPDATE {jobs} j
 SET status       = 'running',
     attempts     = j.attempts + 1,
     fence        = j.fence + 1,
-    charged      = j.id = ANY (ARRAY(SELECT id FROM ranked WHERE n <= %(start_now)s)),
+    charged      = j.suspect,
     suspect      = false,
     run_id       = %(run_id)s,
     locked_until = now() + make_interval(secs => $lease)
@@ -362,10 +365,10 @@ FOR UPDATE;
 -- fragment: reap_update
 -- The reap of the expired leases of the queues in %(queues)s (t.max_attempts: each queue's
 -- task's max_attempts, NULL: the row's), up to its WHERE, which a statement may narrow before
--- its RETURNING. A job claimed ahead of its start (charged = false) gets the claim's attempt
--- back: it may never have started. Every reaped job becomes a suspect, claimed next only
--- where it starts at once and is charged, so a job that kills its drainer uses up its
--- attempts wherever it was in its batch. A row locked by a live transaction (a
+-- its RETURNING. A job that was no suspect (charged = false) gets the claim's attempt back:
+-- it may never have started. Every reaped job becomes a suspect, claimed next only where it
+-- starts at once and is charged, so a job that kills its drainer uses up its attempts
+-- wherever it was in its batch. A row locked by a live transaction (a
 -- transaction=True task running past its lease) is skipped: its owner is alive and will
 -- write its outcome.
 UPDATE {jobs} j
