@@ -69,3 +69,24 @@ def forks(job: Job) -> None:
 async def forks_async(job: Job) -> None:
     record(job, "start")
     os.fork()
+
+
+@task("chaos", max_attempts=50)
+def chaos(job: Job) -> None:
+    """Records ``id fence attempt pid`` at its start (tests/reliability/test_chaos.py: no
+    two runs under one fence), then works ``payload['sleep']`` seconds."""
+    import time
+
+    line = f"{job.id} {job.fence} {job.attempt} {os.getpid()}\n"
+    os.write(_chaos_fd(), line.encode())
+    time.sleep(float((job.payload or {}).get("sleep", 0)))
+
+
+_chaos: list[int] = []
+
+
+def _chaos_fd() -> int:
+    if not _chaos:
+        path = os.path.join(os.environ["REL_LOG_DIR"], f"chaos-{os.getpid()}.log")
+        _chaos.append(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+    return _chaos[0]
