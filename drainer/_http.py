@@ -245,15 +245,14 @@ class GuardedHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._send(411, {"error": "send a Content-Length (chunked bodies are refused)"})
             return None
-        raw = self.headers.get("Content-Length") or "0"
-        try:
-            length = int(raw)
-            if length < 0:
-                raise ValueError
-        except ValueError:
+        given = self.headers.get_all("Content-Length") or ["0"]
+        # 1*DIGIT, once (RFC 9110): int() also takes '0_0', '+0', '-0' and other scripts'
+        # digits, which a proxy in front reads otherwise (a smuggled request)
+        if len(given) != 1 or not (given[0].isascii() and given[0].isdigit()):
             self.close_connection = True
             self._send(400, {"error": "bad Content-Length"})
             return None
+        length = int(given[0])
         if length > MAX_BODY_BYTES:
             self.close_connection = True
             if length <= DISCARD_LIMIT_BYTES:

@@ -16,6 +16,15 @@ EXIT_WATCHDOG = 6
 #: ``drainer fleet run-once`` / ``fleet migrate``: some tenants failed (down, not migrated,
 #: a failing run); the others were served, and the report's line of each says what failed.
 EXIT_TENANTS_FAILED = 7
+#: The database server ran out of a resource (SQLSTATE class 53: disk full, out of memory,
+#: too many connections): it answered, the connection was fine.
+EXIT_SERVER_RESOURCES = 8
+#: The database accepts no writes (25006 read_only_sql_transaction: a hot standby, a read
+#: replica, default_transaction_read_only).
+EXIT_READ_ONLY = 9
+#: The server ended the session or refused it for now (57P01 admin shutdown, 57P02 crash
+#: shutdown, 57P03 cannot connect now: a shutdown, restart, pg_terminate_backend, recovery).
+EXIT_SERVER_SHUTDOWN = 10
 
 
 class DrainerError(Exception):
@@ -40,3 +49,29 @@ class SchemaError(DrainerError):
     """The jobs table is missing or its schema is out of date (exit 4)."""
 
     exit_code = EXIT_SCHEMA
+
+
+class ServerOutOfResources(DrainerError):
+    """The server is out of disk, memory or connection slots (SQLSTATE class 53, exit 8)."""
+
+    exit_code = EXIT_SERVER_RESOURCES
+
+
+class DatabaseReadOnly(DrainerError):
+    """The database refused a write: read-only (25006, exit 9)."""
+
+    exit_code = EXIT_READ_ONLY
+
+
+class ServerShutdown(DrainerError):
+    """The server ended the session or accepts none now (57P01-57P03, exit 10)."""
+
+    exit_code = EXIT_SERVER_SHUTDOWN
+
+
+class JobRejected(DrainerError, ValueError):
+    """A job the table cannot store (a NUL or a lone surrogate in a string, NaN in a
+    payload, a number out of range): one line, raised by the producer functions instead
+    of psycopg's error (exit 2, as ``drainer enqueue``'s bad values)."""
+
+    exit_code = EXIT_USAGE

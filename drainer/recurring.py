@@ -4,9 +4,10 @@ A definition (``@task("digest", cron="0 8 * * *", timezone="Europe/Berlin")``, o
 ``drainer.recurring("digest", "0 8 * * mon-fri", key="weekday-digest", payload={...})``,
 both in :mod:`drainer.registry`) lives in the app module; this module defines, checks and
 syncs definitions and knows no registry. Its next occurrence lives in the table as an
-ordinary queued job: ``run_at`` = the fire time, ``dedup_key`` =
-``recurring:<key>:<fire time in UTC>``, ``recurring_key`` / ``scheduled_for`` /
-``recurring_hash`` naming the definition, the fire time and the definition's content, and
+ordinary queued job: ``run_at`` = the fire time, ``recurring_key`` / ``scheduled_for`` /
+``recurring_hash`` naming the definition, the fire time and the definition's content (the
+first two are the occurrence's identity, unique in the table; its ``dedup_key`` is NULL,
+that namespace is the producers'), and
 the fire time in the payload under :data:`SCHEDULED_FOR_KEY` (``job.scheduled_for`` on
 the handler's :class:`~drainer.Job`). Any drain-and-exit run (cron, a Kubernetes CronJob,
 Lambda, ``schedule --wake-policy known-work``) serves it, and the run report's
@@ -59,15 +60,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "CATCH_UP_MAX", "CATCH_UP_POLICIES", "DEDUP_PREFIX", "DEFAULT_CATCH_UP",
+    "CATCH_UP_MAX", "CATCH_UP_POLICIES", "DEFAULT_CATCH_UP",
     "DEFAULT_TIMEZONE", "SCHEDULED_FOR_KEY", "Definition", "SyncResult", "define",
     "fire_times_before", "sync", "sync_params",
 ]
 
 #: The payload key holding the occurrence's fire time (ISO 8601, in the definition's zone).
 SCHEDULED_FOR_KEY = "scheduled_for"
-#: Dedup keys of occurrences: ``recurring:<definition key>:<fire time, UTC>``.
-DEDUP_PREFIX = "recurring:"
 CATCH_UP_POLICIES = ("latest", "all", "skip")
 DEFAULT_CATCH_UP = "latest"
 #: ``catch_up="all"`` runs at most this many missed occurrences of a definition (the latest).
@@ -166,9 +165,6 @@ class Definition:
         """What each occurrence row keeps of the definition (``recurring_schedule``), so that
         ``drainer status`` shows the schedule of a series without loading the app."""
         return {"cron": self.cron, "timezone": self.timezone, "catch_up": self.catch_up}
-
-    def dedup_key(self, at: datetime) -> str:
-        return f"{DEDUP_PREFIX}{self.key}:{at.astimezone(_UTC):%Y-%m-%dT%H:%M:%SZ}"
 
     def payload_for(self, at: datetime) -> dict[str, Any]:
         """The payload of the occurrence at ``at``: the definition's, plus its fire time."""
@@ -271,15 +267,12 @@ def sync_params(definitions: Iterable[Definition], queues: Sequence[str], now: d
         rows.append({
             "key": d.key, "queue": d.queue, "hash": d.content_hash, "catch_up": d.catch_up,
             "priority": d.priority, "max_attempts": d.max_attempts, "schedule": d.schedule,
-            "next_at": iso_utc(nxt), "next_dedup": nxt and d.dedup_key(nxt),
-            "next_payload": nxt and d.payload_for(nxt),
-            "latest_at": iso_utc(latest), "latest_dedup": latest and d.dedup_key(latest),
-            "latest_payload": latest and d.payload_for(latest),
+            "next_at": iso_utc(nxt), "next_payload": nxt and d.payload_for(nxt),
+            "latest_at": iso_utc(latest), "latest_payload": latest and d.payload_for(latest),
         })
         if d.catch_up == "all" and latest is not None:
             for at in fire_times_before(d.spec, d.tz, now, d.catch_up_max):
-                missed.append({"key": d.key, "at": iso_utc(at), "dedup": d.dedup_key(at),
-                               "payload": d.payload_for(at)})
+                missed.append({"key": d.key, "at": iso_utc(at), "payload": d.payload_for(at)})
     return {"definitions": Jsonb(rows), "missed": Jsonb(missed), "queues": list(queues),
             "now": now.astimezone(_UTC)}
 

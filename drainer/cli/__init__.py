@@ -3,7 +3,9 @@
 Exit codes: 0 done (also when a limit stopped a drain), 1 anything else, 2 usage or
 configuration error, 3 database unreachable, 4 schema missing or out of date, 5 a database
 timeout cancelled a statement, 6 the --max-runtime watchdog ended a run that hung, 7 some
-tenants of a fleet failed (``drainer fleet run-once`` / ``fleet migrate``).
+tenants of a fleet failed (``drainer fleet run-once`` / ``fleet migrate``), 8 the server is
+out of disk, memory or connection slots, 9 the database is read-only, 10 the server ended
+the session or accepts none now (shutdown, restart, pg_terminate_backend, recovery).
 
 One module per group of commands (schema, enqueue, jobs, control, run, schedule, wake,
 status, ui, fleet), each command with a ``configure_<command>(subparsers)`` that adds its
@@ -145,14 +147,20 @@ def _unexpected(command: str, exc: Exception) -> int:
     """``command``: the program and the command (``drainer run-once``)."""
     import psycopg
 
-    from drainer.db import prepared_statement_clash, timeout_kind
+    from drainer.db import prepared_statement_clash, server_condition, timeout_kind
 
-    clash = prepared_statement_clash(exc)
-    if clash is not None:  # through a pooler that does not track them: configuration
-        sys.stderr.write(f"{command}: {redact(str(clash))}\n")
-        return clash.exit_code
+    # through a pooler that does not track prepared statements: configuration; the server
+    # full, read-only or shutting down: it answered, the connection was fine
+    known = prepared_statement_clash(exc) or server_condition(exc)
+    if known is not None:
+        sys.stderr.write(f"{command}: {redact(str(known))}\n")
+        return known.exit_code
     text = redact(" ".join(str(exc).split()) or type(exc).__name__)
     kind = timeout_kind(exc)
+    if kind == "cancelled":  # no timeout fired: someone cancelled the statement
+        sys.stderr.write(f"{command}: cancelled: {text} (pg_cancel_backend or another cancel "
+                         "request; no timeout fired)\n")
+        return EXIT_TIMEOUT
     if kind is not None:  # the server answered: a timeout is not a lost connection
         sys.stderr.write(f"{command}: {kind}: {text} (see --statement-timeout, "
                          "--lock-timeout, --idle-in-transaction-timeout)\n")

@@ -11,6 +11,7 @@ from drainer.db.connect import (
            keepalive_options,
            one_line,
            prepared_statement_clash,
+           server_condition,
            timeout_kind,
 )
 from drainer.db.queries import ClaimedRow, Queries, claim_order
@@ -18,5 +19,5 @@ from drainer.db.statements import QUERIES, identifiers, regclass_literal
 
 __all__ = ["QUERIES", "ClaimPipeline", "ClaimedRow", "Queries", "claim_order", "connect",
            "identifiers", "keepalive_options", "one_line",
-           "prepared_statement_clash", "regclass_literal",
+           "prepared_statement_clash", "regclass_literal", "server_condition",
            "sync_round_trip", "timeout_kind"]

@@ -1,5 +1,6 @@
 """Opening drainer's connections (session settings, keepalives, retries while a compute
-resumes) and telling what a database error means (a timeout, a prepared-statement clash)."""
+resumes) and telling what a database error means (a timeout, a prepared-statement clash,
+the server out of a resource, read-only or shutting down)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ import psycopg
 
 from drainer._redact import redact
 from drainer.db.loaders import register_safe_loaders
-from drainer.errors import ConfigError, DatabaseUnavailable
+from drainer.errors import (
+    ConfigError,
+    DatabaseReadOnly,
+    DatabaseUnavailable,
+    DrainerError,
+    ServerOutOfResources,
+    ServerShutdown,
+)
 
 if TYPE_CHECKING:
     from drainer.settings import Settings
@@ -135,6 +143,9 @@ def connect(settings: Settings, *, purpose: str = "work") -> psycopg.Connection[
         register_safe_loaders(conn.adapters)
         return conn
     assert last is not None
+    condition = server_condition(last)
+    if condition is not None:  # the server answered: full, or starting or stopping
+        raise type(condition)(f"{condition} (after {attempts} attempts)") from None
     raise DatabaseUnavailable(
         f"database unreachable after {attempts} attempts: {one_line(last)}"
     )
@@ -152,6 +163,57 @@ def timeout_kind(exc: BaseException) -> str | None:
     if isinstance(exc, errors.QueryCanceled):
         return "statement timeout" if "statement timeout" in str(exc) else "cancelled"
     return None
+
+
+#: What the server's answer says, by SQLSTATE (a class's code "53000" stands for the
+#: class): the error to raise, what happened, what to do.
+_CONDITIONS: dict[str, tuple[type[DrainerError], str, str]] = {
+    "53100": (ServerOutOfResources, "the database server's disk is full",
+              "free disk space on the server (or raise its storage), then run again"),
+    "53200": (ServerOutOfResources, "the database server is out of memory",
+              "lower work_mem, --batch-size or --concurrency, or give the server more memory"),
+    "53300": (ServerOutOfResources, "the database server has no connection slot free",
+              "fewer clients, a pooler, or a higher max_connections (or the role's "
+              "CONNECTION LIMIT)"),
+    "53000": (ServerOutOfResources, "the database server is out of a resource",
+              "see the server's log"),
+    "25006": (DatabaseReadOnly, "the database is read-only",
+              "a hot standby, a read replica or default_transaction_read_only: point the "
+              "database URL at the primary"),
+    "57P01": (ServerShutdown, "the database server ended the session (admin shutdown)",
+              "a shutdown, a restart or pg_terminate_backend: run again once it is up"),
+    "57P02": (ServerShutdown, "the database server ended the session (crash shutdown)",
+              "another server process crashed and the server restarts: run again"),
+    "57P03": (ServerShutdown, "the database server accepts no connection now",
+              "it is starting up, shutting down or in recovery: run again later"),
+}
+# At connect time libpq's error has no SQLSTATE, only the server's (English) message.
+_CONNECT_MESSAGES = (
+    (re.compile(r"too many (connections|clients)|connection slots are reserved", re.I),
+     "53300"),
+    (re.compile(r"the database system (is (starting up|shutting down|in recovery mode|not "
+                r"(yet )?accepting connections))", re.I), "57P03"),
+)
+
+
+def server_condition(exc: BaseException) -> DrainerError | None:
+    """The server's answer when it is out of disk, memory or connection slots (class 53),
+    read-only (25006), or ended or refused the session (57P01-57P03): the DrainerError to
+    report (one line, its own exit code), not a lost connection. None for anything else."""
+    if not isinstance(exc, psycopg.Error):
+        return None
+    state = exc.sqlstate
+    if state is None and isinstance(exc, psycopg.OperationalError):
+        state = next((code for pattern, code in _CONNECT_MESSAGES
+                      if pattern.search(str(exc))), None)
+    if state is None:
+        return None
+    found = _CONDITIONS.get(state) or (_CONDITIONS["53000"] if state.startswith("53")
+                                       else None)
+    if found is None:
+        return None
+    kind, what, hint = found
+    return kind(f"{what} (SQLSTATE {state}): {one_line(exc)}; {hint}")
 
 
 def prepared_statement_clash(exc: BaseException) -> ConfigError | None:

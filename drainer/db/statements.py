@@ -153,6 +153,7 @@ def identifiers(schema: str, table: str) -> dict[str, sql.Composable]:
         "dedup_idx": sql.Identifier(f"{table}_dedup_idx"),
         "run_at_check": sql.Identifier(f"{table}_run_at_check"),
         "status_check": sql.Identifier(f"{table}_status_check"),
+        "max_attempts_check": sql.Identifier(f"{table}_max_attempts_check"),
         "cancelled_idx": sql.Identifier(f"{table}_cancelled_idx"),
         # the jobs table as a regclass literal, for a migration's DO block
         "jobs_regclass": sql.Literal(regclass_literal(schema, table)),

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from drainer import db, otel
 from drainer._signals import on_stop_signals
 from drainer.app import load_app
-from drainer.drain import collector, end, start, transaction
+from drainer.drain import checks, collector, end, start, transaction
 from drainer.drain.calls import make_running
 from drainer.drain.claims import Claims
 from drainer.drain.end import maintenance_timeout
@@ -83,6 +83,7 @@ def run_once(
     limits = setting_limits(settings, registry)
     run = _Run(settings, registry, RunReport(run_id or uuid.uuid4().hex[:12], queues),
                Limits(stop or threading.Event(), deadline, settings.max_jobs), progress)
+    checks.timeouts_over_max_runtime(settings, registry, run.report)
     signals = on_stop_signals(run.on_signal) if handle_signals else contextlib.nullcontext()
     with signals:
         run.watch(hard_exit=handle_signals)
@@ -117,7 +118,9 @@ def _cycle(run: _Run, limits: SettingLimits) -> None:
         q = db.Queries(conn, settings.schema_name, settings.table)
         if run.limits.stopped_by(0) is not None:
             plan = plan.without_first()  # past the deadline while connecting: claim nothing
+        sent = time.monotonic()
         found = start.send(q, plan)
+        checks.short_leases(settings, registry, report, time.monotonic() - sent)
         check_version(q, found.version, plan.latest)
         due = run.started(found)
         if schedules.definitions:

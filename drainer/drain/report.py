@@ -61,6 +61,10 @@ class RunReport:
     rate_limited: int = 0
     """Due jobs of rate-limited queues left queued for a later slot by the last claim of
     each such queue (up to 1000 a queue): the next wake, at the slot, runs them."""
+    timeout_over_max_runtime: dict[str, float] = field(default_factory=dict)
+    """Queues whose handler time limit (the task's timeout, else --job-timeout) exceeds
+    --max-runtime, with that limit in seconds: a job that needs that long can never finish
+    within a run."""
     limits: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The limits in force on the drained queues that have any, and where each came from
     (operator, setting or task): {queue: {max_running, max_running_from, rate_limit,

@@ -4,7 +4,9 @@ Every run starts with one simple-protocol Query (one round trip) of up to three 
 
 - ``run_start``: the schema version, the reaper (only at the version this drainer needs,
   so an outdated table is not touched), which served queues have due jobs, which an
-  operator paused or limited;
+  operator paused or limited; when the app has no recurring definition on the served
+  queues, it deletes their future occurrences (of definitions removed from the code: no
+  sync follows to do it);
 - ``claim_first``: the run's first claim, from the first due queue that may be claimed so
   (not transaction mode, no max_running or rate limit: those claim under a lock of their
   own); the loop's first claim when it claims anything;
@@ -27,6 +29,7 @@ run_start goes alone and the run's end is its own statement.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -48,6 +51,8 @@ if TYPE_CHECKING:
     from drainer.registry import Registry
     from drainer.settings import Settings
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -61,6 +66,9 @@ class Plan:
     #: finish_run's arguments (archive_after, failed_retention, batch_size, served); None:
     #: run_start goes alone
     finish: dict[str, Any] | None
+    #: no recurring definition on the served queues (no sync follows): run_start deletes
+    #: their future occurrences
+    unschedule: bool = False
     first: dict[str, Any] | None = None  # claim_first's parameters; None: not sent
     first_size: int = 0  # the first claim's size (the loop counts it as its first claim)
     text: str | None = None  # the whole Query, rendered (None: run_start alone)
@@ -84,6 +92,7 @@ class Start:
     controls: dict[str, Control] = field(default_factory=dict)  # operators' limits
     fin: dict[str, Any] | None = None  # finish_run's result when it did the run's end
     claimed: list[ClaimedRow] = field(default_factory=list)  # the first claim, claim order
+    unscheduled: int = 0  # future occurrences of removed definitions, deleted
 
 
 def plan(settings: Settings, registry: Registry, queues: list[str], latest: int,
@@ -92,7 +101,8 @@ def plan(settings: Settings, registry: Registry, queues: list[str], latest: int,
     (the app has recurring definitions: their sync goes between)."""
     max_attempts = [registry.tasks[name].max_attempts for name in queues]
     finish = None if alone else finish_args(settings, registry)
-    p = Plan(settings.schema_name, settings.table, queues, latest, max_attempts, finish)
+    p = Plan(settings.schema_name, settings.table, queues, latest, max_attempts,
+             unschedule=not alone, finish=finish)
     if finish is None:
         return p
     first, size = _first(settings, registry, queues, limits, run_id)
@@ -147,7 +157,7 @@ def render(p: Plan) -> str:
 
 def _run_start_params(p: Plan) -> dict[str, Any]:
     return {"table": p.table, "queues": list(p.queues), "latest": p.latest,
-            "max_attempts": list(p.max_attempts)}
+            "max_attempts": list(p.max_attempts), "unschedule": p.unschedule}
 
 
 def send(q: Queries, p: Plan) -> Start:
@@ -181,7 +191,12 @@ def _found(rows: Sequence[tuple[Any, ...]]) -> Start:
     """run_start's rows: (kind, id, status, attempts, queue, n). A 'limit' row carries
     max_running in id, rate_count in attempts, the rate period in microseconds in n."""
     due = sorted((r for r in rows if r[0] == "due"), key=lambda r: r[5])
+    unscheduled = sum(int(r[5]) for r in rows if r[0] == "unscheduled")
+    if unscheduled:
+        logger.info("recurring jobs synced: %d removed", unscheduled,
+                    extra={"removed": unscheduled})
     return Start(
+        unscheduled=unscheduled,
         version=next((r[1] for r in rows if r[0] == "version"), None),
         reaped=[(r[1], r[2], r[3]) for r in rows if r[0] == "reaped"],
         due=[r[4] for r in due],

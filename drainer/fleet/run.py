@@ -28,6 +28,7 @@ import psycopg
 from pydantic import SecretStr
 
 from drainer._redact import redact
+from drainer.db.connect import server_condition
 from drainer.errors import (
     EXIT_ERROR,
     EXIT_SCHEMA,
@@ -35,8 +36,11 @@ from drainer.errors import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     ConfigError,
+    DatabaseReadOnly,
     DatabaseUnavailable,
     SchemaError,
+    ServerOutOfResources,
+    ServerShutdown,
 )
 
 if TYPE_CHECKING:
@@ -79,6 +83,10 @@ current_tenant: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 def classify(exc: BaseException) -> tuple[str, int]:
     """(outcome, exit code) of a tenant whose run raised ``exc``."""
+    known = (ServerOutOfResources, DatabaseReadOnly, ServerShutdown)
+    condition = exc if isinstance(exc, known) else server_condition(exc)
+    if condition is not None:  # full, read-only, shutting down: its own code
+        return "unavailable", condition.exit_code
     for kinds, outcome, code in FAILURES:
         if isinstance(exc, kinds):
             return outcome, code

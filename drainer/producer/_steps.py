@@ -15,8 +15,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import psycopg
+
+from drainer.errors import JobRejected
+
 if TYPE_CHECKING:
-    import psycopg
     from psycopg import sql
 
     #: A statement of queries.sql, as it is or with its identifiers filled in.
@@ -50,8 +53,36 @@ class Copy:
 Steps = Generator[Execute | Copy, Any, T]
 
 
+def rejected(exc: psycopg.DataError | UnicodeEncodeError) -> JobRejected:
+    """What a value the table cannot store was, in one line: psycopg's error (the server's
+    or its own, raised before sending) says it in PostgreSQL's terms, without the field."""
+    errors = psycopg.errors
+    if isinstance(exc, UnicodeEncodeError):
+        what = "a string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
+    elif isinstance(exc, errors.UntranslatableCharacter):
+        what = "a payload string or key holds \\u0000 (NUL), which jsonb cannot store"
+    elif isinstance(exc, errors.InvalidTextRepresentation):
+        what = ("the payload is not JSON that jsonb can store (NaN, Infinity, or a lone "
+                "surrogate \\ud800-\\udfff in a string)")
+    elif isinstance(exc, errors.NumericValueOutOfRange):
+        what = "priority or max_attempts is out of range (a 32-bit integer)"
+    elif "NUL" in str(exc):
+        what = "the queue or dedup_key holds a NUL (0x00), which a text column cannot store"
+    else:
+        what = "a value the jobs table cannot store"
+    text = " ".join(str(exc).split())
+    return JobRejected(f"cannot enqueue: {what} ({type(exc).__name__}: {text})")
+
+
 def run(cur: psycopg.Cursor[Any], steps: Steps[T]) -> T:
     """Run the steps of ``steps`` on ``cur``; what the body returns."""
+    try:
+        return _run(cur, steps)
+    except (psycopg.DataError, UnicodeEncodeError) as exc:
+        raise rejected(exc) from exc
+
+
+def _run(cur: psycopg.Cursor[Any], steps: Steps[T]) -> T:
     result: Any = None
     while True:
         try:
@@ -70,6 +101,13 @@ def run(cur: psycopg.Cursor[Any], steps: Steps[T]) -> T:
 
 async def run_async(cur: psycopg.AsyncCursor[Any], steps: Steps[T]) -> T:
     """:func:`run` on an async cursor: the same steps, awaited."""
+    try:
+        return await _run_async(cur, steps)
+    except (psycopg.DataError, UnicodeEncodeError) as exc:
+        raise rejected(exc) from exc
+
+
+async def _run_async(cur: psycopg.AsyncCursor[Any], steps: Steps[T]) -> T:
     result: Any = None
     while True:
         try:

@@ -182,10 +182,13 @@ FROM room LEFT JOIN claimed c ON true;
 
 -- fragment: completion(running)
 -- Jobs succeeded, fenced: done, each with what its handler returned (NULL for nothing),
--- the ids written returned. $running is the status a job must still have, 'running': see
--- complete_many_and_claim for why that statement sends it as a parameter.
+-- the ids written returned; an earlier attempt's error ('lease expired', 'cancelled', a
+-- traceback) is cleared: it would read as this run's outcome. $running is the status a
+-- job must still have, 'running': see complete_many_and_claim for why that statement
+-- sends it as a parameter.
 UPDATE {jobs} j
-SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result
+SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result,
+    last_error = NULL
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(results)s::jsonb[])
   AS o(id, fence, result)
 WHERE j.id = o.id AND j.status = $running AND j.fence = o.fence
@@ -397,6 +400,14 @@ WHERE j.id = ANY (ARRAY(SELECT id FROM {jobs}
 @reap_update
 RETURNING j.id, j.status, j.attempts;
 
+-- fragment: unclaimed_occurrences
+-- The recurring occurrences in the served queues (%(queues)s) that were never claimed
+-- (fence = 0: the fence counts claims and nothing resets it), on the queued occurrences'
+-- index: the only occurrences a sync changes or deletes.
+SELECT id, recurring_key AS key, scheduled_for FROM {jobs}
+WHERE recurring_key IS NOT NULL AND status = 'queued' AND fence = 0
+  AND recurring_hash IS NOT NULL AND queue = ANY (%(queues)s::text[])
+
 -- name: run_start
 -- The fixed work at the start of a drain in one statement (one round trip): the schema
 -- version, reap_expired (only when the version is the one this drainer needs, so an
@@ -404,7 +415,9 @@ RETURNING j.id, j.status, j.attempts;
 -- one ('reaped', id, status, attempts, queue) per reaped lease, one ('due', ..., queue)
 -- per queue with due jobs, in the given order, one ('paused', ..., queue) per served queue
 -- an operator paused (`drainer pause`: the run's one lookup of them), one ('limit', ...) per
--- served queue an operator limited (`drainer limit`). A reaped job put back
+-- served queue an operator limited (`drainer limit`), one ('unscheduled', ..., n) when it
+-- deleted n future occurrences (%(unschedule)s: the app has no definition left on the served
+-- queues, so no recurring_sync follows to delete them). A reaped job put back
 -- to queued makes its queue due (the CTE's snapshot does not see the update). A table older
 -- than migration 0004 has no control table: the statement fails and the drain asks
 -- schema_version alone, which tells it to migrate. Last, one ('idle', ...) row: its status
@@ -419,6 +432,15 @@ WITH v AS (
   @reap_update
     AND (SELECT version FROM v) = %(latest)s
   RETURNING j.id, j.status, j.attempts, j.queue
+), unscheduled AS (
+  -- %(unschedule)s: the app has no recurring definition on the served queues, so no sync
+  -- follows; the future occurrences left there are of definitions removed from the code:
+  -- gone, as the sync's `gone` removes them (an occurrence already due is a job to run)
+  DELETE FROM {jobs} j
+  USING (@unclaimed_occurrences) mine
+  WHERE %(unschedule)s AND (SELECT version FROM v) = %(latest)s
+    AND j.id = mine.id AND mine.scheduled_for > now() AND j.status = 'queued' AND j.fence = 0
+  RETURNING j.id
 ), paused AS MATERIALIZED (
   SELECT c.queue FROM {control} c WHERE c.paused AND c.queue = ANY (%(queues)s::text[])
 ), due AS MATERIALIZED (
@@ -434,6 +456,9 @@ SELECT 'version' AS kind, version::bigint AS id, NULL::text AS status, NULL::int
 FROM v
 UNION ALL
 SELECT 'reaped', id, status, attempts, queue, 0 FROM reaped
+UNION ALL
+SELECT 'unscheduled', NULL, NULL, NULL, NULL, count(*) FROM unscheduled
+HAVING count(*) > 0
 UNION ALL
 SELECT 'paused', NULL, NULL, NULL, queue, 0 FROM paused
 UNION ALL
@@ -995,8 +1020,8 @@ SELECT EXISTS (
 -- The sync makes the definitions rows, whatever their number. %(definitions)s is a JSON
 -- array, one object per definition: its key, queue, hash, catch_up policy, priority and
 -- max_attempts, its schedule (cron, time zone, catch_up: what `drainer status` shows
--- without the app), its next fire time after %(now)s (next_at, with the dedup key and payload of
--- that occurrence) and its latest fire time at or before %(now)s (latest_at, likewise).
+-- without the app), its next fire time after %(now)s (next_at, with the payload of that
+-- occurrence) and its latest fire time at or before %(now)s (latest_at, likewise).
 -- %(missed)s lists, for the `all` policy, the latest fire times at or before %(now)s (at
 -- most catch_up_max of each definition).
 -- "Mine" are the occurrences in the served queues that were never claimed: only they are
@@ -1016,15 +1041,13 @@ SELECT EXISTS (
 WITH d AS MATERIALIZED (
   SELECT * FROM jsonb_to_recordset(%(definitions)s::jsonb) AS d(
     key text, queue text, hash text, catch_up text, priority int, max_attempts int,
-    schedule jsonb, next_at timestamptz, next_dedup text, next_payload jsonb,
-    latest_at timestamptz, latest_dedup text, latest_payload jsonb)
+    schedule jsonb, next_at timestamptz, next_payload jsonb,
+    latest_at timestamptz, latest_payload jsonb)
 ), missed AS MATERIALIZED (
   SELECT * FROM jsonb_to_recordset(%(missed)s::jsonb) AS m(
-    key text, at timestamptz, dedup text, payload jsonb)
+    key text, at timestamptz, payload jsonb)
 ), mine AS MATERIALIZED (
-  SELECT id, recurring_key AS key, scheduled_for FROM {jobs}
-  WHERE recurring_key IS NOT NULL AND status = 'queued' AND fence = 0
-    AND recurring_hash IS NOT NULL AND queue = ANY(%(queues)s)
+  @unclaimed_occurrences
 ), gone AS (
   DELETE FROM {jobs} j
   USING mine LEFT JOIN d ON d.key = mine.key
@@ -1059,21 +1082,23 @@ WITH d AS MATERIALIZED (
     AND j.status = 'queued' AND j.fence = 0 AND j.recurring_hash IS NOT NULL
   RETURNING t.key, t.scheduled_for AS since
 ), inserted AS (
-  INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts, dedup_key,
+  INSERT INTO {jobs} (queue, payload, run_at, priority, max_attempts,
                       recurring_key, scheduled_for, recurring_hash, recurring_schedule)
-  SELECT d.queue, d.next_payload, d.next_at, d.priority, d.max_attempts, d.next_dedup,
+  SELECT d.queue, d.next_payload, d.next_at, d.priority, d.max_attempts,
          d.key, d.next_at, d.hash, d.schedule
   FROM d WHERE d.next_at IS NOT NULL
   UNION ALL
-  SELECT d.queue, d.latest_payload, d.latest_at, d.priority, d.max_attempts, d.latest_dedup,
+  SELECT d.queue, d.latest_payload, d.latest_at, d.priority, d.max_attempts,
          d.key, d.latest_at, d.hash, d.schedule
   FROM d WHERE d.catch_up = 'latest' AND d.key IN (SELECT key FROM superseded)
   UNION ALL
-  SELECT d.queue, m.payload, m.at, d.priority, d.max_attempts, m.dedup, d.key, m.at, d.hash,
+  SELECT d.queue, m.payload, m.at, d.priority, d.max_attempts, d.key, m.at, d.hash,
          d.schedule
   FROM missed m JOIN d ON d.key = m.key JOIN caught_up c ON c.key = m.key
   WHERE m.at > c.since
-  ON CONFLICT DO NOTHING
+  -- an occurrence is (recurring_key, scheduled_for), columns the producer role cannot
+  -- write: no producer's job (whatever its dedup_key) stands in for one
+  ON CONFLICT (recurring_key, scheduled_for) WHERE recurring_key IS NOT NULL DO NOTHING
   RETURNING id
 )
 -- one row of sync counts (kind 'synced'; its id is the count of occurrences inserted)

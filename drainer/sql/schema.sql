@@ -30,7 +30,9 @@ CREATE TABLE IF NOT EXISTS {migrations} (
 --   charged: whether the claim charged the running attempt (the job started at once);
 --   suspect: set by the reaper, claimed next only where it starts at once;
 --   result: what the handler returned; run_id: the run that last claimed the job;
---   recurring_key, scheduled_for, recurring_hash: a recurring definition's occurrence;
+--   recurring_key, scheduled_for, recurring_hash: a recurring definition's occurrence,
+--     identified by (recurring_key, scheduled_for), never by a dedup_key (its dedup_key is
+--     NULL: that namespace is the producers');
 --   snoozes, snoozed_at: a handler's snoozes, which use no attempt;
 --   trace_context: the producer's W3C trace context (traceparent, tracestate), or NULL;
 --   recurring_schedule: an occurrence's definition as the recurring sync last wrote it
@@ -66,7 +68,9 @@ CREATE TABLE IF NOT EXISTS {jobs} (
   recurring_schedule jsonb,
   -- a run_at the client can represent
   CONSTRAINT {run_at_check}
-    CHECK (run_at >= '1970-01-01 00:00:00+00' AND run_at <= '9999-01-01 00:00:00+00')
+    CHECK (run_at >= '1970-01-01 00:00:00+00' AND run_at <= '9999-01-01 00:00:00+00'),
+  -- a job runs at least once
+  CONSTRAINT {max_attempts_check} CHECK (max_attempts >= 1)
 ) WITH (
   -- 'The SKIP LOCKED work queue': a queue table needs aggressive autovacuum
   autovacuum_vacuum_scale_factor = 0.01,

@@ -83,20 +83,22 @@ def test_flags_after_the_subcommand_and_env(pg_url: str, schema: str) -> None:
         1, 1, "max_jobs"), proc.stdout + proc.stderr
 
 
-def test_a_table_one_migration_behind_is_exit_4_for_the_drain_too(pg_url: str,
-                                                                    schema: str) -> None:
+def test_a_table_migrations_behind_is_exit_4_for_the_drain_too(pg_url: str,
+                                                                 schema: str) -> None:
     """An upgrade without `drainer migrate`: the statements read a column the table does
     not have yet. The drain says to migrate (exit 4) as status does, not UndefinedColumn."""
     from drainer.migrate import migrate
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         migrate(conn, schema, "jobs")
-        # one version back: undo 0008 (the recurring_schedule column, the cancelled index)
-        conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN recurring_schedule").format(
+        # back to 0007: undo 0009 (the max_attempts CHECK) and 0008 (the
+        # recurring_schedule column, the cancelled index)
+        conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT jobs_max_attempts_check, "
+                             "DROP COLUMN recurring_schedule").format(
             sql.Identifier(schema, "jobs")))
         conn.execute(sql.SQL("DROP INDEX {}").format(
             sql.Identifier(schema, "jobs_cancelled_idx")))
-        conn.execute(sql.SQL("DELETE FROM {} WHERE version = 8").format(
+        conn.execute(sql.SQL("DELETE FROM {} WHERE version >= 8").format(
             sql.Identifier(schema, "drainer_migrations")))
     for args in (["run-once", "--app", "sample_jobs"], ["status"]):
         proc = run_cli(args, pg_url=pg_url, schema=schema)

@@ -301,6 +301,32 @@ def test_producer_role_enqueues_but_cannot_claim(migrated: Settings, pg_url: str
     assert states == [("queued", 0, 10)]
 
 
+def test_producer_role_can_neither_forge_nor_suppress_an_occurrence(
+        migrated: Settings, pg_url: str, conn: psycopg.Connection[Any]) -> None:
+    schema = migrated.schema_name
+    jobs = sql.Identifier(schema, "jobs")
+    registry = Registry()
+    seen: list[Job] = []
+    registry.task("tick", cron="* * * * *")(seen.append)
+    with least_privilege_roles(pg_url, schema) as roles, \
+            psycopg.connect(roles.producer_dsn, autocommit=True) as pc:
+        # any dedup key is the producer's own: it stands for no occurrence
+        minute = time.strftime("%Y-%m-%dT%H:%M:00Z", time.gmtime(time.time() + 60))
+        assert enqueue(pc, "tick", {}, dedup_key=f"recurring:tick:{minute}",
+                       schema=schema) is not None
+        for forged in ("INSERT INTO {} (queue, recurring_key, scheduled_for) "
+                       "VALUES ('tick', 'tick', now() + interval '1 minute')",
+                       "INSERT INTO {} (queue, max_attempts) VALUES ('tick', -5)"):
+            with pytest.raises((psycopg.errors.InsufficientPrivilege,
+                                psycopg.errors.CheckViolation)):
+                pc.execute(sql.SQL(forged).format(jobs))
+    run_once(migrated, registry=registry, handle_signals=False)
+    occurrences = conn.execute(sql.SQL(
+        "SELECT count(*) FROM {} WHERE recurring_key = 'tick' AND status = 'queued' "
+        "AND scheduled_for > now()").format(jobs)).fetchone()
+    assert occurrences == (1,)
+
+
 def test_maintain_on_needs_postgres_17(migrated: Settings, pg_url: str,
                                        conn: psycopg.Connection[Any]) -> None:
     version = conn.execute("SHOW server_version_num").fetchone()

@@ -159,3 +159,41 @@ def test_a_connection_beyond_the_cap_gets_503_at_once(monkeypatch: pytest.Monkey
                 s.close()
         time.sleep(0.5)
         assert _healthz(port) == 200
+
+
+def _until_closed(s: socket.socket) -> bytes:
+    """What the server sent until it closed (a refused request closes the connection)."""
+    chunks = []
+    while chunk := s.recv(4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("value", [b"0_0", b"+0", b" -0", b"\xd9\xa0", b"0x0", b"1e0", b""])
+def test_a_content_length_of_anything_but_ascii_digits_is_refused(
+        monkeypatch: pytest.MonkeyPatch, value: bytes) -> None:
+    """Python's int() takes '0_0', '+0', ' -0' and other scripts' digits; HTTP's
+    Content-Length is 1*DIGIT: a front proxy that reads it otherwise frames the body
+    otherwise (request smuggling)."""
+    server = _server(monkeypatch, deadline=5.0)
+    with HttpHost(server, name="test-serve-length") as http:
+        _host, port = http.start("test")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"POST /drain HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                      b"a-token-of-16-chars-or-more\r\nContent-Length: " + value +
+                      b"\r\n\r\n")
+            answer = _until_closed(s)
+        assert answer.split(b" ")[1] == b"400", answer
+        assert b"bad Content-Length" in answer
+
+
+def test_two_content_lengths_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = _server(monkeypatch, deadline=5.0)
+    with HttpHost(server, name="test-serve-length2") as http:
+        _host, port = http.start("test")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"POST /drain HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                      b"a-token-of-16-chars-or-more\r\nContent-Length: 0\r\n"
+                      b"Content-Length: 5\r\n\r\n")
+            answer = _until_closed(s)
+        assert answer.split(b" ")[1] == b"400", answer

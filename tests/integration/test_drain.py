@@ -16,6 +16,7 @@ from psycopg import sql
 from drainer import Job, run_once
 from drainer.db import ClaimPipeline, Queries
 from drainer.drain.clock import BatchClock
+from drainer.job import Retry
 from drainer.producer import JobSpec, enqueue, enqueue_many
 from drainer.registry import Registry
 from drainer.settings import Settings
@@ -549,3 +550,29 @@ def test_a_deadlocked_pipelined_statement_is_written_again(
     done = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'done'").format(
         sql.Identifier(schema, "jobs"))).fetchone()
     assert done == (95,)
+
+
+def test_a_job_that_succeeds_keeps_no_error_of_an_earlier_attempt(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any]) -> None:
+    """A done row's last_error is NULL: 'lease expired' or the previous attempt's error
+    would read as the outcome of the run that succeeded."""
+    tries: list[int] = []
+
+    def flaky(job: Job) -> None:
+        tries.append(job.attempt)
+        if len(tries) == 1:
+            raise RuntimeError("first try fails")
+
+    registry.task("flaky", retry=Retry(base=0.01, cap=0.01))(flaky)
+    registry.task("reaped")(lambda job: None)
+    first = enqueue(conn, "flaky", {}, schema=migrated.schema_name)
+    second = enqueue(conn, "reaped", {}, schema=migrated.schema_name)
+    conn.execute(sql.SQL("UPDATE {} SET last_error = 'lease expired', attempts = 1 "
+                         "WHERE id = %s").format(jobs_table(migrated)), [second])
+    succeeded = run_once(migrated, registry=registry).succeeded
+    time.sleep(0.05)
+    succeeded += run_once(migrated, registry=registry).succeeded
+    assert succeeded == 2 and tries == [1, 2]
+    for job_id in (first, second):
+        row = fetch(conn, migrated, job_id)
+        assert (row["status"], row["last_error"]) == ("done", None)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 
-from drainer.producer import JobSpec, enqueue, enqueue_many
+from drainer.errors import DrainerError, JobRejected
+from drainer.producer import JobSpec, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from drainer.settings import Settings
 
 
@@ -94,3 +97,57 @@ def test_plain_sql_insert_is_a_valid_job(migrated: Settings,
     row = conn.execute(sql.SQL("SELECT status, attempts, max_attempts, priority, "
                                "run_at <= now() FROM {}").format(jobs)).fetchone()
     assert row == ("queued", 0, 5, 0, True)
+
+
+_UNSTORABLE = [
+    ({"queue": "q", "payload": {"a": "x\x00y"}}, "NUL"),
+    ({"queue": "q", "payload": {"k\x00": 1}}, "NUL"),
+    ({"queue": "q", "payload": {"a": "\ud800"}}, "surrogate"),
+    ({"queue": "q", "payload": {"a": float("nan")}}, "NaN"),
+    ({"queue": "q", "payload": [float("inf")]}, "Infinity"),
+    ({"queue": "q\x00", "payload": {}}, "NUL"),
+    ({"queue": "q\ud800", "payload": {}}, "surrogate"),
+    ({"queue": "q", "payload": {}, "dedup_key": "k\x00"}, "NUL"),
+    ({"queue": "q", "payload": {}, "priority": 2**40}, "out of range"),
+]
+
+
+@pytest.mark.parametrize(("job", "words"), _UNSTORABLE)
+def test_what_the_table_cannot_store_is_one_clear_line(
+        migrated: Settings, conn: psycopg.Connection[Any], pg_url: str,
+        job: dict[str, Any], words: str) -> None:
+    """enqueue and enqueue_many, sync and async: a JobRejected (a ValueError and a
+    DrainerError) of one line naming the problem, not psycopg's raw error."""
+    schema = migrated.schema_name
+    spec = JobSpec(**job)
+    options = {k: v for k, v in job.items() if k not in ("queue", "payload")}
+
+    async def both_async() -> list[BaseException]:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as ac:
+            found: list[BaseException] = []
+            for call in (lambda: enqueue_async(ac, spec.queue, spec.payload, schema=schema,
+                                               **options),
+                         lambda: enqueue_many_async(ac, [spec], schema=schema)):
+                try:
+                    await call()
+                except Exception as exc:
+                    found.append(exc)
+            return found
+
+    raised: list[BaseException] = []
+    for call in (lambda: enqueue(conn, spec.queue, spec.payload, schema=schema, **options),
+                 lambda: enqueue_many(conn, [spec], schema=schema),
+                 lambda: enqueue_many(conn, [spec.payload], queue=spec.queue, schema=schema,
+                                      **options)):
+        try:
+            call()
+        except Exception as exc:
+            raised.append(exc)
+    raised += asyncio.run(both_async())
+    assert len(raised) == 5
+    for exc in raised:
+        assert isinstance(exc, JobRejected) and isinstance(exc, ValueError | DrainerError)
+        assert words in str(exc) and "\n" not in str(exc), str(exc)
+    count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+        sql.Identifier(schema, "jobs"))).fetchone()
+    assert count == (0,)

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from drainer.errors import JobRejected
 from drainer.producer import EnqueueResult, JobSpec, enqueue_many
 from drainer.settings import Settings
 
@@ -175,7 +176,7 @@ def test_payloads_with_other_options_take_the_jobspec_paths(migrated: Settings,
     assert [(r[0], r[1], r[2] == later, r[3], r[5]) for r in rows] == [
         ("t", 1, True, 0, None), ("t", 2, True, 0, None), ("k", 3, False, 0, "d"),
         ("b", 5, False, 1, None)]
-    with pytest.raises(psycopg.DataError, match="NUL"):
+    with pytest.raises(JobRejected, match="NUL"):
         enqueue_many(conn, [6], queue="n\x00ul", schema=schema)
     assert len(_rows(conn, schema)) == 4
 

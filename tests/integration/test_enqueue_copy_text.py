@@ -16,6 +16,7 @@ from psycopg import sql
 from psycopg.copy import Writer
 from psycopg.types.json import set_json_dumps
 
+from drainer.errors import JobRejected
 from drainer.producer import JobSpec, enqueue_many
 from drainer.producer._bulk import plan
 from drainer.producer._copy_text import (
@@ -135,17 +136,19 @@ def test_a_row_psycopg_must_format_takes_the_rest_in_order(
         ("a", 1, 0, 5), ("a", 2, 1, 5), ("a", 3, 7, 5), ("b", 4, 0, 2)]
 
 
-def test_errors_are_psycopgs_and_nothing_is_written(migrated: Settings,
-                                                   conn: psycopg.Connection[Any]) -> None:
+def test_bad_values_are_one_line_errors_and_nothing_is_written(
+        migrated: Settings, conn: psycopg.Connection[Any]) -> None:
+    """What the table cannot store is a JobRejected (a ValueError) naming it, never
+    psycopg's raw error; what is not JSON at all stays json's TypeError."""
     schema = migrated.schema_name
-    with pytest.raises(psycopg.DataError, match="NUL"):
+    with pytest.raises(JobRejected, match="NUL"):
         enqueue_many(conn, [JobSpec("a", 1), JobSpec("a\x00b", 2)], schema=schema)
     with pytest.raises(TypeError, match="Object of type set is not JSON serializable"):
         enqueue_many(conn, [JobSpec("a", 1), JobSpec("a", {1})], schema=schema)
-    with pytest.raises(psycopg.DataError, match="integer expected, got 'float'"):
+    with pytest.raises(JobRejected, match="integer expected, got 'float'"):
         enqueue_many(conn, [JobSpec("a", 1), JobSpec("a", 2, priority=1.0)],  # type: ignore[arg-type]
                      schema=schema)
-    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+    with pytest.raises(JobRejected, match="out of range"):
         enqueue_many(conn, [JobSpec("a", 1, priority=2**31)], schema=schema)
     assert _rows(conn, schema) == []
 

@@ -145,3 +145,22 @@ def test_an_adopted_table_whose_status_check_has_its_own_name_takes_cancelled(
     assert checks == [("jobs_status_check",)]
     conn.execute(sql.SQL("UPDATE {} SET status = 'cancelled' WHERE id = 1").format(
         sql.Identifier(schema, "jobs")))
+
+
+def test_occurrences_lose_their_dedup_key_and_max_attempts_is_at_least_one(
+        conn: psycopg.Connection[Any], schema: str) -> None:
+    _migrate_to(conn, schema, 8)
+    jobs = sql.Identifier(schema, "jobs")
+    conn.execute(sql.SQL(
+        "INSERT INTO {} (queue, dedup_key, recurring_key, scheduled_for, max_attempts) VALUES "
+        "('a', 'recurring:a:2026-12-01T10:00:00Z', 'a', '2026-12-01T10:00:00Z', 5),"
+        " ('b', 'recurring:a:2026-12-01T11:00:00Z', NULL, NULL, -5),"
+        " ('b', 'mine', NULL, NULL, 0)").format(jobs))
+    assert migrate(conn, schema, "jobs").to_version == latest_version()
+    rows = conn.execute(sql.SQL("SELECT dedup_key, max_attempts FROM {} ORDER BY id")
+                        .format(jobs)).fetchall()
+    # a producer's key stays the producer's, whatever its text
+    assert rows == [(None, 5), ("recurring:a:2026-12-01T11:00:00Z", 1), ("mine", 1)]
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(sql.SQL("INSERT INTO {} (queue, max_attempts) VALUES ('b', -5)")
+                     .format(jobs))

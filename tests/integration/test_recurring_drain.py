@@ -79,6 +79,29 @@ def test_removing_a_definition_from_the_app_removes_its_future_row(
     assert keys == [("a",)]
 
 
+def test_removing_the_last_definition_removes_its_future_row_in_the_first_statement(
+        migrated: Settings, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]]) -> None:  # noqa: F811
+    old = Registry()
+    old.task("a")(lambda job: None)
+    old.recurring("a", "@daily", key="daily")
+    other = Registry()  # another deployment's series, on a queue this app does not serve
+    other.task("b", cron="@hourly")(lambda job: None)
+    run_once(migrated, registry=old)
+    run_once(migrated, registry=other)
+    jobs = sql.Identifier(migrated.schema_name, "jobs")
+    new = Registry()
+    new.task("a")(lambda job: None)
+    report = run_once(migrated, registry=new)
+    # the future occurrence is gone; the other deployment's series is untouched
+    rows = conn.execute(sql.SQL("SELECT recurring_key, queue FROM {} WHERE status = 'queued'")
+                        .format(jobs)).fetchall()
+    assert rows == [("b", "b")]
+    assert report.claimed == 0 and report.next_due_at is None
+    # no statement more than a run without definitions sends: one round trip
+    assert _round_trips(traced[2][1]) == 1
+
+
 def test_the_end_of_a_long_run_syncs_again_only_past_the_first_fire_time(
         migrated: Settings, conn: psycopg.Connection[Any]) -> None:
     clock = [datetime(2026, 12, 1, 9, 0, 30, tzinfo=UTC)]

@@ -65,7 +65,7 @@ def test_inserts_the_next_occurrence_once(q: db.Queries, conn: psycopg.Connectio
     [(key, queue, status, at, run_at, payload, dedup)] = _rows(conn, migrated)
     assert (key, queue, status, at, run_at) == ("a", "a", "queued", _at(10), _at(10))
     assert payload == {"x": 1, "scheduled_for": "2026-12-01T10:00:00+00:00"}
-    assert dedup == "recurring:a:2026-12-01T10:00:00Z"
+    assert dedup is None  # the occurrence is (recurring_key, scheduled_for), nothing else
 
 
 def test_the_next_one_after_an_occurrence_ran(q: db.Queries, conn: psycopg.Connection[Any],
@@ -290,3 +290,18 @@ def test_status_lists_series_with_next_fire_time_and_last_outcome(
     assert series["gone"]["defined"] is False and series["gone"]["served"] is False
     text = render_status(st)
     assert "recurring" in text and "0 8 * * * (Europe/Berlin)" in text and "done" in text
+
+
+def test_a_producers_dedup_key_cannot_suppress_an_occurrence(
+        q: db.Queries, conn: psycopg.Connection[Any], migrated: Settings) -> None:
+    """Occurrences are identified by their own columns (recurring_key, scheduled_for), which
+    the producer role cannot write: a user's dedup_key of any text is only the user's."""
+    from drainer.producer import enqueue
+
+    for key in ("recurring:a:2026-12-01T10:00:00Z", "a"):
+        assert enqueue(conn, "other", {}, dedup_key=key, schema=migrated.schema_name,
+                       table=migrated.table) is not None
+    result = sync(q, [define("a", "0 * * * *")], ["a"], now=T0)
+    assert result.inserted == 1
+    [(key, queue, status, at, _run_at, _payload, dedup)] = _rows(conn, migrated)
+    assert (key, queue, status, at, dedup) == ("a", "a", "queued", _at(10), None)

@@ -124,7 +124,6 @@ def test_occurrence_is_keyed_by_definition_and_utc_fire_time() -> None:
                payload={"a": 1})
     row = params(d, utc(2026, 12, 1, 6, 0))
     assert row["next_at"] == "2026-12-01T07:00:00+00:00"
-    assert row["next_dedup"] == "recurring:digest:2026-12-01T07:00:00Z"
     assert row["next_payload"] == {"a": 1, "scheduled_for": "2026-12-01T08:00:00+01:00"}
     assert row["latest_at"] == "2026-11-30T07:00:00+00:00"
     job = Job(1, "digest", row["next_payload"], 1, 5, None)
@@ -153,7 +152,7 @@ def test_fall_back_repeat_runs_once_at_its_first_occurrence() -> None:
     assert times == [utc(2026, 10, 25, 0, 30), utc(2026, 10, 26, 1, 30),
                      utc(2026, 10, 27, 1, 30)]
     assert d.latest_at(utc(2026, 10, 25, 2, 0)) == utc(2026, 10, 25, 0, 30)
-    assert [d.dedup_key(t) for t in times[:1]] == ["recurring:q:2026-10-25T00:30:00Z"]
+    assert d.payload_for(times[0])["scheduled_for"] == "2026-10-25T02:30:00+02:00"
 
 
 def test_wildcard_hours_follow_the_clock_across_dst() -> None:
@@ -204,7 +203,6 @@ def test_catch_up_all_sends_the_latest_missed_fire_times_bounded() -> None:
     d = define("a", "*/5 * * * *", catch_up="all", catch_up_max=4)
     sent = sync_params([d], ["a"], utc(2026, 12, 1, 9, 31))["missed"].obj
     assert [m["at"] for m in sent] == [f"2026-12-01T09:{m}:00+00:00" for m in (15, 20, 25, 30)]
-    assert sent[0]["dedup"] == "recurring:a:2026-12-01T09:15:00Z"
     assert sent[0]["payload"] == {"scheduled_for": "2026-12-01T09:15:00+00:00"}
     assert define("a", "@hourly", catch_up="all").catch_up_max == CATCH_UP_MAX
 
