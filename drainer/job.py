@@ -7,6 +7,7 @@ producers, OpenTelemetry) can name these types without importing each other.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,47 @@ RUN_AT_MAX = datetime(9999, 1, 1, tzinfo=timezone.utc)
 #: The largest handler return value kept in the job's result column (bytes of JSON,
 #: ``--result-max-bytes``); a larger one fails the job with a ResultError.
 DEFAULT_RESULT_MAX_BYTES = 64 * 1024
+#: The range of the table's int columns (priority, max_attempts).
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+#: The longest wait sent to the database (seconds, about 9,500 years): run_at is kept under
+#: RUN_AT_MAX by the statements; this keeps the interval itself representable.
+MAX_WAIT_S = 3e11
+#: A JSON ``\u0000`` escape (not an escaped backslash before "u0000"): jsonb refuses it.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def storable_text(value: str, what: str) -> None:
+    """ValueError unless ``value`` is text PostgreSQL stores: no NUL, valid UTF-8."""
+    if "\x00" in value:
+        raise ValueError(f"{what} contains a NUL character, which PostgreSQL refuses")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} has text that is not valid UTF-8 (a lone surrogate)"
+                         ) from None
+
+
+def storable_json(value: Any, what: str) -> str:
+    """``value`` as the JSON text a jsonb column takes; TypeError if it is not
+    JSON-serialisable, ValueError if jsonb refuses it (NaN, a NUL, a lone surrogate)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"{what} is not JSON-serialisable ({exc})") from None
+    except TypeError as exc:
+        raise TypeError(f"{what} is not JSON-serialisable ({exc})") from None
+    if _JSON_NUL.search(text):
+        raise ValueError(f"{what} contains a NUL character, which PostgreSQL's jsonb refuses")
+    storable_text(text, what)
+    return text
+
+
+def storable_int(value: Any, what: str, low: int = INT_MIN) -> None:
+    """ValueError unless ``value`` is an int the table's int columns hold (>= ``low``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    if not low <= value <= INT_MAX:
+        raise ValueError(f"{what} must be between {low} and {INT_MAX}, got {value}")
 
 
 class HasQueue(Protocol):
@@ -92,7 +134,8 @@ class Snooze(Exception):
 @dataclass(frozen=True)
 class Retry:
     """A task's retry policy: a failed job waits ``least(cap, base * 2^attempts)`` seconds
-    (times ``1 + jitter * random()``), and fails for good after ``max_attempts``.
+    (times ``1 + jitter * random()``), and fails for good after ``max_attempts``. A wait
+    past run_at's range (``cap=float("inf")``, a huge base) runs at its end (9999-01-01).
 
     ``None`` keeps the setting (``retry_base``, ``retry_cap``; ``max_attempts``: the
     task's, else the job's own)."""
@@ -107,10 +150,10 @@ class Retry:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"Retry({name}=...) must be positive")
-        if not 0 <= self.jitter <= 10:
+        if not 0 <= self.jitter <= 10:  # NaN too
             raise ValueError("Retry(jitter=...) must be between 0 and 10")
-        if self.max_attempts is not None and self.max_attempts < 1:
-            raise ValueError("Retry(max_attempts=...) must be at least 1")
+        if self.max_attempts is not None:
+            storable_int(self.max_attempts, "Retry(max_attempts=...)", low=1)
 
 
 @dataclass
@@ -124,10 +167,31 @@ class FollowUp:
     max_attempts: int | None = None
     dedup_key: str | None = None
 
+    def check(self) -> None:
+        """ValueError (TypeError: a payload JSON cannot hold) unless the table can store
+        this follow-up: checked before it joins its parent's completion statement, which
+        one bad row would fail for the whole batch."""
+        if not isinstance(self.queue, str) or not self.queue:
+            raise ValueError("a follow-up needs a queue")
+        storable_text(self.queue, "a follow-up's queue")
+        storable_json(self.payload, "a follow-up's payload")
+        if self.run_at is not None and (not isinstance(self.run_at, datetime)
+                                        or self.run_at.tzinfo is None):
+            raise ValueError("a follow-up's run_at must be a timezone-aware datetime")
+        storable_int(self.priority, "a follow-up's priority")
+        if self.max_attempts is not None:
+            storable_int(self.max_attempts, "a follow-up's max_attempts", low=1)
+        if self.dedup_key is not None:
+            if not isinstance(self.dedup_key, str):
+                raise ValueError("a follow-up's dedup_key must be a string")
+            storable_text(self.dedup_key, "a follow-up's dedup_key")
+
     def as_json(self, parent: int) -> dict[str, Any]:
+        # run_at clamped to the table's CHECK: before 1970 is due now, as is 1970
         return {"parent": parent, "queue": self.queue, "payload": self.payload,
-                "run_at": None if self.run_at is None else min(self.run_at, RUN_AT_MAX)
-                .isoformat(), "priority": self.priority, "max_attempts": self.max_attempts,
+                "run_at": None if self.run_at is None
+                else min(max(self.run_at, RUN_AT_MIN), RUN_AT_MAX).isoformat(),
+                "priority": self.priority, "max_attempts": self.max_attempts,
                 "dedup_key": self.dedup_key}
 
 
@@ -166,16 +230,10 @@ class Job:
         """Enqueue a follow-up job: inserted in the same statement (and transaction) as
         this job's success, so never if the job fails, is lost or cancelled. A follow-up
         due now on a queue this drain runs is claimed by the same drain."""
-        if isinstance(queue, str) and not queue:
-            raise ValueError("a follow-up needs a queue")
-        if run_at is not None and run_at.tzinfo is None:
-            raise ValueError("run_at must be timezone-aware")
-        try:
-            json.dumps(payload, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"a follow-up's payload must be JSON-serialisable: {exc}") from None
-        self.followups.append(FollowUp(queue_of(queue), payload, run_at, priority,
-                                       max_attempts, dedup_key))
+        followup = FollowUp(queue_of(queue), payload, run_at, priority, max_attempts,
+                            dedup_key)
+        followup.check()
+        self.followups.append(followup)
 
     def extend(self, seconds: float | None = None) -> bool:
         """Push this job's lease to now + ``seconds`` (default: the task's lease).

@@ -11,6 +11,7 @@ from psycopg.rows import dict_row
 
 from drainer.db.encoders import completion_params, counts
 from drainer.db.statements import Rendered, identifiers, regclass_literal
+from drainer.job import MAX_WAIT_S
 from drainer.queue_limits import Rate
 
 
@@ -41,9 +42,6 @@ def how_many_start(start_now: int | None, batch_size: int) -> int:
     """How many of a claim's rows start at once (None: all of them)."""
     return batch_size if start_now is None else max(0, int(start_now))
 
-#: The longest snooze sent (seconds, about 9,500 years): run_at is kept under 9999-01-01
-#: by the statement; this only keeps the interval itself representable.
-MAX_SNOOZE_S = 3e11
 
 
 #: claim_batch_rated counts the due jobs a rate limit left queued up to this many.
@@ -164,15 +162,18 @@ class Queries:
         jitters: Sequence[float] | None = None,
     ) -> list[tuple[int, str, datetime]]:
         """Failures, fenced; each row's backoff base/cap/jitter (None: retry_base/retry_cap,
-        no jitter)."""
+        no jitter). A base or cap past MAX_WAIT_S (an uncapped ``Retry(cap=inf)``) waits
+        MAX_WAIT_S: run_at's ceiling, not an interval out of range for the whole batch."""
         if not ids:
             return []
         n = len(ids)
         cur = self._exec("fail_many", {
             "ids": list(ids), "fences": list(fences), "errors": list(errors),
             "max_attempts": list(max_attempts),
-            "bases": [retry_base if b is None else b for b in (bases or [None] * n)],
-            "caps": [retry_cap if c is None else c for c in (caps or [None] * n)],
+            "bases": [min(retry_base if b is None else b, MAX_WAIT_S)
+                      for b in (bases or [None] * n)],
+            "caps": [min(retry_cap if c is None else c, MAX_WAIT_S)
+                     for c in (caps or [None] * n)],
             "jitters": list(jitters or [0.0] * n),
         })
         return [(r[0], r[1], r[2]) for r in cur.fetchall()]
@@ -184,7 +185,7 @@ class Queries:
             return {}
         cur = self._exec("snooze_many", {
             "ids": list(ids), "fences": list(fences),
-            "seconds": [min(float(v), MAX_SNOOZE_S) for v in seconds]})
+            "seconds": [min(float(v), MAX_WAIT_S) for v in seconds]})
         return {r[0]: r[1] for r in cur.fetchall()}
 
     def claim_batch_capped(self, queue: str, batch_size: int, lease: float,

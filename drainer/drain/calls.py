@@ -5,7 +5,7 @@ a thread."""
 from __future__ import annotations
 
 import asyncio
-import json
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from drainer.job import DEFAULT_RESULT_MAX_BYTES, Job, Snooze
+from drainer.job import DEFAULT_RESULT_MAX_BYTES, Job, Snooze, storable_json
 
 if TYPE_CHECKING:
     from drainer.db.queries import ClaimedRow
@@ -22,6 +22,28 @@ if TYPE_CHECKING:
 
 #: Longest error text kept in last_error.
 MAX_ERROR_CHARS = 4000
+
+#: How many times this process was forked into the child it is (os.register_at_fork): a
+#: handler that forks and returns in both processes is seen by a count that changed across
+#: the call, and its child ends there (:func:`end_if_forked`).
+forks = 0
+
+
+def _forked() -> None:
+    global forks
+    forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def end_if_forked(before: int) -> None:
+    """In the child of a handler that forked (``forks`` changed since ``before``, taken when
+    the handler was called), end the process at once: a copy of the drain must never run
+    (it would run the rest of the batch again, under the parent's fences, and hold the
+    parent's stdout open). ``os._exit``: no outcome, no buffered output, no atexit."""
+    if forks != before:
+        os._exit(0)
 
 
 
@@ -117,9 +139,10 @@ NO_CONTEXT: AbstractContextManager[None] = nullcontext()
 def call(task: Task, job: Job, result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES,
          context: JobContext | None = None) -> Outcome:
     """Run one handler and catch whatever it raises."""
-    started = time.monotonic()
+    started, before = time.monotonic(), forks
     with NO_CONTEXT if context is None else context(task, job) as span:
         outcome = _call_handler(task, job, result_max_bytes)
+        end_if_forked(before)
         if span is not None:
             span.ended(outcome.ok, outcome.error)
     outcome.duration_s = round(time.monotonic() - started, 6)
@@ -154,7 +177,15 @@ def raised(task: Task, job: Job, exc: BaseException, timeout: float | None) -> O
 
 
 def returned(task: Task, job: Job, value: Any, result_max_bytes: int) -> Outcome:
-    """The outcome of a handler that returned ``value`` (kept as the job's result)."""
+    """The outcome of a handler that returned ``value`` (kept as the job's result), once
+    what it hands back (the result, the follow-ups, also those appended past
+    ``job.enqueue``) is known to be storable: one that is not fails this job alone, not
+    the batch statement it would have joined."""
+    for followup in job.followups:
+        try:
+            followup.check()
+        except (TypeError, ValueError) as exc:
+            return Outcome(job, task, False, f"FollowUpError: {exc}")
     if value is None:
         return Outcome(job, task, True)
     try:
@@ -171,19 +202,14 @@ class ResultError(ValueError):
 def result_json(value: Any, max_bytes: int) -> str:
     """A handler's return value as the JSON text kept in ``result``; ResultError if it
     cannot be serialised or is larger than ``max_bytes``."""
+    what = "the handler's return value"
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ResultError(f"the handler's return value is not JSON-serialisable ({exc}); "
-                          "return None, or a dict/list/str/number") from None
-    if "\\u0000" in text:
-        raise ResultError("the handler's return value contains a NUL character, which "
-                          "PostgreSQL's jsonb refuses") from None
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ResultError("the handler's return value has text that is not valid UTF-8 "
-                          "(a lone surrogate)") from None
+        text = storable_json(value, what)
+    except TypeError as exc:
+        raise ResultError(f"{exc}; return None, or a dict/list/str/number") from None
+    except ValueError as exc:
+        raise ResultError(str(exc)) from None
+    size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise ResultError(f"the handler's return value is {size} bytes of JSON, more than "
                           f"result_max_bytes ({max_bytes}): store it elsewhere and return a "

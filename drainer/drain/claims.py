@@ -208,6 +208,7 @@ class Claims:
         """Whether a claim may go out now ahead of the batch in hand, with the successes
         (the drain loop also asks whether batches run fast and nothing else is due)."""
         return (self.depth >= 2 and self.last_full and not self.outcomes.failed
+                and not self.outcomes.split  # written once the connection is free
                 and len(self.outcomes.ahead) < self.depth
                 and self.combine and self.may_combine(self.cursor) and self.size() > 0)
 

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from drainer.drain import calls
 from drainer.drain.calls import (
     NO_CONTEXT,
     JobContext,
@@ -110,7 +111,7 @@ class EventLoopThread:
         :func:`call` takes them (in the job's context: its span is current inside), then
         :meth:`_ended`."""
         task, job = r.task, r.job
-        started = time.monotonic()
+        started, before = time.monotonic(), calls.forks
         context = self.job_context
         try:
             if context is None and timeout is None:
@@ -122,7 +123,8 @@ class EventLoopThread:
                 except BaseException as exc:  # a handler may raise anything
                     outcome = raised(task, job, exc, timeout)
                 else:
-                    outcome = Outcome(job, task, True) if value is None else \
+                    outcome = Outcome(job, task, True) if value is None \
+                        and not job.followups else \
                         returned(task, job, value, self.result_max_bytes)
             else:
                 with NO_CONTEXT if context is None else context(task, job) as span:
@@ -139,6 +141,7 @@ class EventLoopThread:
         except BaseException as exc:  # a lost outcome would leave the drain waiting forever
             outcome = Outcome(job, task, False, f"{type(exc).__name__} while running the "
                               "handler")
+        calls.end_if_forked(before)
         outcome.duration_s = round(time.monotonic() - started, 6)
         self._ended(r, outcome)
 

@@ -13,7 +13,10 @@ fenced statement per kind, by one of five ways:
 
 A statement that carries successes with something else rolls back whole on a deadlock
 (another drainer's claim or archive met it): :meth:`Outcomes._deadlocked` is the one
-fallback, which puts them back to be written again. What was written is counted by
+fallback, which puts them back to be written again. A statement that fails on one row the
+table cannot store (:data:`UNSTORABLE`: what a handler handed back got past the checks of
+:func:`drainer.drain.calls.returned`) is split (:meth:`Outcomes._bisect`), so that only that
+job fails and the others are written. What was written is counted by
 :class:`~drainer.drain.report.Tally`.
 """
 
@@ -43,6 +46,12 @@ if TYPE_CHECKING:
     from drainer.registry import Task
 
 logger = logging.getLogger("drainer.drain")
+
+#: What a batch statement fails with when one of its rows cannot be stored: a data
+#: exception (SQLSTATE class 22: a NUL, an integer or an interval out of range) or a CHECK.
+#: Nothing was written (one statement, one transaction); the same rows fail the same way
+#: every time, so the batch is split until the row is alone.
+UNSTORABLE = (psycopg.errors.DataError, psycopg.errors.CheckViolation)
 
 
 
@@ -92,9 +101,12 @@ class Outcomes:
         #: before a statement goes ahead on an idle connection: connected again if it was
         #: cut (drainer.drain.link); the pipeline may be a new one after it
         self.before_send: Callable[[], None] | None = None
+        # successes of a pipelined statement that failed on a row it could not store: written
+        # split, never with a claim, once the connection is free (write, with_claim)
+        self.split: list[Outcome] = []
 
     def __len__(self) -> int:
-        return len(self.ok) + len(self.failed) + len(self.snoozed)
+        return len(self.ok) + len(self.failed) + len(self.snoozed) + len(self.split)
 
     # -- the buffers ----------------------------------------------------------------------------
     def add(self, outcome: Outcome, *, lost: bool = False) -> None:
@@ -132,12 +144,21 @@ class Outcomes:
     # -- alone ----------------------------------------------------------------------------------
     def write(self) -> None:
         """Write every buffered outcome, fenced, one statement per kind."""
+        self.write_split()
         if self.ok:
-            buf = self.take_successes()
-            self.tally.succeeded(buf, self.q.complete_many(
-                [o.job.id for o in buf], [o.job.fence for o in buf], delete=self.delete,
-                **self.completion(buf)))
+            self._bisect(self.take_successes(), self._complete, self._unstorable)
         self.write_failures()
+
+    def _complete(self, buf: list[Outcome]) -> None:
+        self.tally.succeeded(buf, self.q.complete_many(
+            [o.job.id for o in buf], [o.job.fence for o in buf], delete=self.delete,
+            **self.completion(buf)))
+
+    def write_split(self) -> None:
+        """The successes of a statement that could not store one of them: written split."""
+        if self.split:
+            buf, self.split = self.split, []
+            self._bisect(buf, self._complete, self._unstorable)
 
     def write_failures(self) -> None:
         """Write the buffered snoozes and failures: a retry later, or failed for good."""
@@ -146,9 +167,11 @@ class Outcomes:
             self.tally.snoozed(buf, self.q.snooze_many(
                 [o.job.id for o in buf], [o.job.fence for o in buf],
                 [o.snooze or 0.0 for o in buf]))
-        if not self.failed:
-            return
-        buf, self.failed = self.failed, []
+        if self.failed:
+            buf, self.failed = self.failed, []
+            self._bisect(buf, self._fail, self._unstorable_failure)
+
+    def _fail(self, buf: list[Outcome]) -> None:
         policies = [o.task.retry for o in buf]
         self.tally.failed(buf, self.q.fail_many(
             [o.job.id for o in buf], [o.job.fence for o in buf],
@@ -164,6 +187,7 @@ class Outcomes:
     def with_claim(self, claim: Claim) -> list[ClaimedRow] | None:
         """The failures alone, then the successes and ``claim`` in one statement: the rows
         claimed; None when it deadlocked (the successes were written alone then)."""
+        self.write_split()
         self.write_failures()
         buf = self.take_successes()
         try:
@@ -175,6 +199,10 @@ class Outcomes:
             self.clock.round_trip(time.monotonic() - sent)
         except psycopg.errors.DeadlockDetected as exc:
             self._deadlocked(buf, exc, "combined completion and claim", again=True)
+            return None
+        except UNSTORABLE:
+            self._bisect(buf, self._complete, self._unstorable)
+            self.write_failures()
             return None
         self.tally.succeeded(buf, written)
         return rows
@@ -212,6 +240,9 @@ class Outcomes:
                 raise
             self._cut(sent.successes, exc)
             return sent.claim, None
+        except UNSTORABLE:
+            self.split.extend(sent.successes)
+            return sent.claim, None
         self.tally.succeeded(sent.successes, written)
         return sent.claim, rows
 
@@ -231,6 +262,9 @@ class Outcomes:
                 out.append((ahead.claim, None))
             elif isinstance(result, psycopg.OperationalError) and connection_lost(result):
                 self._cut(ahead.successes, result)
+                out.append((ahead.claim, None))
+            elif isinstance(result, UNSTORABLE):
+                self.split.extend(ahead.successes)
                 out.append((ahead.claim, None))
             elif isinstance(result, BaseException):
                 error = error or result
@@ -256,6 +290,10 @@ class Outcomes:
                 delete=self.delete, **self.completion(buf))
         except psycopg.errors.DeadlockDetected as exc:
             self._deadlocked(buf, exc, "completions with the end of the run", again=True)
+            return False, None
+        except UNSTORABLE:
+            self._bisect(buf, self._complete, self._unstorable)
+            self.write_failures()
             return False, None
         self.tally.succeeded(buf, written)
         return True, fin
@@ -292,3 +330,37 @@ class Outcomes:
         self.put_back(buf)
         if again:
             self.write()
+
+    # -- what the table cannot store --------------------------------------------------------
+    def _bisect(self, buf: list[Outcome], write: Callable[[list[Outcome]], None],
+                alone: Callable[[Outcome, BaseException], None]) -> None:
+        """``write(buf)``; if one of its rows cannot be stored, each half again, down to
+        the job alone, given to ``alone`` (a bad row costs about log2(len(buf)) statements
+        more; the others are written)."""
+        try:
+            write(buf)
+        except UNSTORABLE as exc:
+            if len(buf) == 1:
+                alone(buf[0], exc)
+                return
+            logger.warning("an outcome of a batch of %d cannot be stored, splitting it: %s",
+                           len(buf), one_line(exc), extra={"run_id": self.report.run_id})
+            half = len(buf) // 2
+            self._bisect(buf[:half], write, alone)
+            self._bisect(buf[half:], write, alone)
+
+    def _unstorable(self, o: Outcome, exc: BaseException) -> None:
+        """A success the table cannot store (a result or a follow-up): failed for good (it
+        would fail the same way at every run), with the database's reason."""
+        self.failed.append(Outcome(o.job, o.task, False, _stored(exc, "outcome"),
+                                   duration_s=o.duration_s, max_attempts=0))
+
+    def _unstorable_failure(self, o: Outcome, exc: BaseException) -> None:
+        """A failure the table cannot store (its retry time): failed for good, its reason
+        and the database's kept."""
+        self._fail([Outcome(o.job, o.task, False, _stored(exc, "failure") + "\n" +
+                            (o.error or ""), duration_s=o.duration_s, max_attempts=0)])
+
+
+def _stored(exc: BaseException, what: str) -> str:
+    return f"UnstorableOutcome: the job's {what} cannot be stored: {one_line(exc)}"[:4000]

@@ -42,20 +42,18 @@ next AS (
 -- too, whose unknown LIMIT would otherwise turn the join into a hash join over a Seq Scan
 -- of the table.
 --
--- The first start_now rows (in claim order) start at once: their attempt is charged for
--- certain (charged). The others are claimed ahead of their start: an expired lease gives
--- their attempt back (reap_expired). A suspect (a job whose lease expired before) is only
--- claimed among the first start_now rows; further back it is left queued for a later claim.
--- charged is true without a look at the ids when every row claimed starts at once (the
--- drain in step): a match of each row against an array of the first start_now ids costs
--- rows x start_now comparisons, a million for a claim of 1,000 (the array comes from an
--- InitPlan, so it is searched, not hashed). The InitPlans run once a statement.
+-- The first start_now rows (in claim order) start at once; the others are claimed ahead
+-- of their start. A claim proves no start (a death between its commit and the handler's
+-- start leaves no trace), so an expired lease gives the claim's attempt back
+-- (reap_expired) and makes the job a suspect, except for a suspect: a suspect (a job whose
+-- lease expired before) is only claimed among the first start_now rows (further back it is
+-- left queued for a later claim) and its attempt is charged for certain (charged), so that
+-- a job that kills its drainer uses up its attempts (max_attempts + 1 runs at most).
 UPDATE {jobs} j
 SET status       = 'running',
     attempts     = j.attempts + 1,
     fence        = j.fence + 1,
-    charged      = (SELECT count(*) FROM next) <= %(start_now)s
-                   OR j.id = ANY (ARRAY(SELECT id FROM next LIMIT %(start_now)s)),
+    charged      = j.suspect,
     suspect      = false,
     run_id       = %(run_id)s,
     locked_until = now() + make_interval(secs => $lease)
@@ -301,17 +299,17 @@ SELECT id FROM done;
 -- payload that cannot be decoded, an exception the task discards).
 -- base, cap and jitter are per row (the task's retry policy, else the settings): the wait
 -- is multiplied by 1 + jitter * random() (jitter 0: exactly the formula).
--- 2^attempts is bounded so that a large max_attempts cannot overflow the interval, and
--- run_at stays under the table's CHECK (9999-01-01).
+-- The wait is computed in float8 (2^attempts bounded) and only its least made an interval,
+-- so that a large max_attempts or base (the client sends at most ~9,500 years) cannot
+-- overflow the interval, and run_at stays under the table's CHECK (9999-01-01).
 UPDATE {jobs} j
 SET status       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
                         THEN 'failed' ELSE 'queued' END,
     run_at       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
                         THEN j.run_at
-                        ELSE least(now() + least(make_interval(secs => o.cap),
-                                                 make_interval(secs => o.base)
-                                                   * 2 ^ least(j.attempts, 40))
-                                         * (1 + o.jitter * random()),
+                        ELSE least(now() + make_interval(secs => least(
+                                                 o.cap, o.base * 2 ^ least(j.attempts, 40))
+                                               * (1 + o.jitter * random())),
                                    '9999-01-01 00:00:00+00'::timestamptz) END,
     locked_until = NULL,
     finished_at  = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attempts)
@@ -374,10 +372,10 @@ FOR UPDATE;
 -- fragment: reap_update
 -- The reap of the expired leases of the queues in %(queues)s (t.max_attempts: each queue's
 -- task's max_attempts, NULL: the row's), up to its WHERE, which a statement may narrow before
--- its RETURNING. A job claimed ahead of its start (charged = false) gets the claim's attempt
--- back: it may never have started. Every reaped job becomes a suspect, claimed next only
--- where it starts at once and is charged, so a job that kills its drainer uses up its
--- attempts wherever it was in its batch. A row locked by a live transaction (a
+-- its RETURNING. A job that was no suspect (charged = false) gets the claim's attempt back:
+-- it may never have started. Every reaped job becomes a suspect, claimed next only where it
+-- starts at once and is charged, so a job that kills its drainer uses up its attempts
+-- wherever it was in its batch. A row locked by a live transaction (a
 -- transaction=True task running past its lease) is skipped: its owner is alive and will
 -- write its outcome.
 UPDATE {jobs} j

@@ -47,14 +47,14 @@ def rec(job: Job) -> None:
 
 @task("first_slow_then_fail")
 def first_slow_then_fail(job: Job) -> None:
-    """Attempt 1 is slow and succeeds late; later attempts fail at once."""
+    """The first claim (fence 1) is slow and succeeds late; later claims fail at once."""
     record(job, "start")
-    if job.attempt == 1:
+    if job.fence == 1:
         _sleep(float(job.payload.get("sleep", 2)))
         record(job, "end")
         return
     record(job, "end")
-    raise RuntimeError(f"new owner's verdict: attempt {job.attempt} failed")
+    raise RuntimeError(f"new owner's verdict: claim {job.fence} failed")
 
 
 # -- poison jobs ----------------------------------------------------------------------------------

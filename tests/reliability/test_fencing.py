@@ -28,8 +28,13 @@ from hypothesis.stateful import (
 from psycopg import sql
 
 from drainer.db import QUERIES, Queries, identifiers
+from drainer.drain.calls import Outcome, raised, returned
+from drainer.drain.outcomes import Outcomes
+from drainer.drain.report import RunReport
+from drainer.job import FollowUp, Job, Retry
 from drainer.ops import purge_batches
 from drainer.producer import JobSpec, enqueue, enqueue_many
+from drainer.registry import Task
 from drainer.settings import Settings
 from tests.conftest import finish, run_cli
 from tests.reliability._helpers import (
@@ -46,16 +51,17 @@ def test_slow_workers_late_writes_update_nothing(
     migrated: Settings, conn: psycopg.Connection[Any], pg_url: str
 ) -> None:
     schema = migrated.schema_name
-    job_id = enqueue(conn, "q", {"to": "a@example.com"}, max_attempts=2, schema=schema)
+    job_id = enqueue(conn, "q", {"to": "a@example.com"}, max_attempts=1, schema=schema)
     with psycopg.connect(pg_url, autocommit=True) as ca, \
             psycopg.connect(pg_url, autocommit=True) as cb:
         slow, fast = Queries(ca, schema, "jobs"), Queries(cb, schema, "jobs")
         (mine,) = slow.claim_batch("q", 10, 0.2)
         assert (mine.id, mine.attempts) == (job_id, 1)
         wait_for(lambda: jobs(conn, schema)[job_id]["expired"], 5, "the lease to expire")
-        assert fast.reap_expired(["q"]) == [(job_id, "queued", 1)]
+        # the claim proved no start: the attempt is given back, the job is a suspect
+        assert fast.reap_expired(["q"]) == [(job_id, "queued", 0)]
         (theirs,) = fast.claim_batch("q", 10, 60)
-        assert theirs.attempts == 2
+        assert (theirs.attempts, theirs.fence) == (1, 2)
         before = jobs(conn, schema)[job_id]
 
         # The slow worker wakes up: every fenced write it tries is UPDATE 0.
@@ -72,7 +78,7 @@ def test_slow_workers_late_writes_update_nothing(
         assert slow.complete_many([job_id], [1]) == set()
         after = jobs(conn, schema)[job_id]
         assert (after["status"], after["attempts"], after["last_error"]) == (
-            "failed", 2, "new owner's error")
+            "failed", 1, "new owner's error")
 
 
 
@@ -86,6 +92,9 @@ def test_retry_never_repeats_the_fence(
     app = "rel_task_options_jobs"
     enqueue_many(conn, [JobSpec("env_verdict", {"sleep": 2}, max_attempts=1)], schema=schema)
     (job_id,) = jobs(conn, schema)
+    # a suspect (its lease expired before): its claim is charged, so the reap fails it
+    conn.execute(sql.SQL("UPDATE {} SET suspect = true").format(
+        sql.Identifier(schema, "jobs")))
     old = start_drainer(["run-once", "--lease", "1"], pg_url=pg_url, schema=schema,
                         log_dir=tmp_path, app=app, REL_VERDICT="ok")
     try:
@@ -116,6 +125,34 @@ def test_retry_never_repeats_the_fence(
 
 WORKERS = 3
 
+#: How a handler of the machine ends: ordinary, or hostile (what it hands back cannot be
+#: stored, or its retry policy has no cap); see QueueMachine.handlers_finish.
+ENDINGS = ("ok", "ok_followup", "bad_followup", "unchecked_followup", "bad_result",
+           "uncapped_retry")
+_PLAIN = Task("q", lambda job: None)
+_UNCAPPED = Task("q", lambda job: None, retry=Retry(base=1e308, cap=float("inf")))
+
+
+def _ending(kind: str, job: Job) -> Outcome:
+    """The outcome a handler ending as ``kind`` comes to, as the drain makes it."""
+    if kind == "ok":
+        return returned(_PLAIN, job, {"r": 1}, 65536)
+    if kind == "ok_followup":
+        job.enqueue("q", {"child": job.id}, max_attempts=2)
+        return returned(_PLAIN, job, None, 65536)
+    if kind == "bad_followup":
+        try:
+            job.enqueue("q", {"k": "a\x00b"})
+        except ValueError as exc:
+            return raised(_PLAIN, job, exc, None)
+        raise AssertionError("job.enqueue took a NUL")
+    if kind == "unchecked_followup":  # past every check: the batch statement meets it
+        job.followups.append(FollowUp("q", {}, priority=2**40))
+        return Outcome(job, _PLAIN, True)
+    if kind == "bad_result":
+        return returned(_PLAIN, job, {"k": "\udc80"}, 65536)
+    return raised(_UNCAPPED, job, RuntimeError("uncapped"), None)
+
 
 @dataclass
 class _Job:
@@ -128,6 +165,8 @@ class _Job:
     fence: int = 0  # the claim's token: +1 at every claim, never reset (not by retry)
     lease_kept: bool = False  # cancelled while running: its lease runs out on its own
     aged: bool = False  # finished long ago (finished_at moved back): an --older-than purges it
+    suspect: bool = False  # its lease expired (reaped): its next claim is charged
+    charged: bool = False  # the running claim is charged for certain (it was a suspect)
 
 
 def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[Any],
@@ -180,6 +219,7 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
                 m = self.model[r.id]
                 m.status, m.attempts, m.expired = "running", m.attempts + 1, False
                 m.fence += 1
+                m.charged, m.suspect = m.suspect, False
                 assert (r.attempts, r.fence) == (m.attempts, m.fence)
                 assert (r.id, r.fence) not in self.tokens, "a fence repeated"
                 self.tokens.add((r.id, r.fence))
@@ -203,9 +243,59 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
             assert bool(rows) == self._owner(job_id, attempt)
             if rows:
                 m = self.model[job_id]
+                m.suspect = False
                 m.status = "failed" if m.attempts >= m.max_attempts else "queued"
                 m.due = m.status == "failed" or not backoff
                 assert rows[0][1] == m.status
+
+        @precondition(lambda self: self.held)
+        @rule(data=st.data(), worker=st.integers(0, WORKERS - 1))
+        def handlers_finish(self, data: st.DataObject, worker: int) -> None:
+            """A batch of handlers ends, some of them hostile, and the drain's one writer of
+            outcomes writes it: one statement per kind, split where a row cannot be stored.
+            Each job gets its own verdict; a stale token's writes change nothing."""
+            live = [h for h in self.held if self._owner(h[1], h[2])]
+            tokens = st.sampled_from(self.held) if not live else st.one_of(
+                st.sampled_from(live), st.sampled_from(self.held))  # mostly the owners'
+            picks = data.draw(st.lists(st.tuples(tokens, st.sampled_from(ENDINGS)),
+                                       min_size=1, max_size=4, unique_by=lambda t: t[0][1]))
+            outcomes = Outcomes(queries[worker], RunReport("machine", ["q"]), delete=False,
+                                retry_base=3600.0, retry_cap=3600.0)
+            owned = {job_id: kind for (_w, job_id, fence), kind in picks
+                     if self._owner(job_id, fence)}
+            for (_w, job_id, fence), kind in picks:
+                m = self.model.get(job_id)
+                job = Job(job_id, "q", {}, m.attempts if m else 1, m.max_attempts if m else 1,
+                          None, fence=fence)
+                outcomes.add(_ending(kind, job))
+            outcomes.write()
+            assert outcomes.tally.report.succeeded == sum(
+                k in ("ok", "ok_followup") for k in owned.values())
+            for job_id, kind in owned.items():
+                m = self.model[job_id]
+                m.suspect = False
+                if kind in ("ok", "ok_followup"):
+                    m.status = "done"
+                elif kind == "unchecked_followup":  # failed for good, at once
+                    m.status = "failed"
+                else:
+                    m.status = "failed" if m.attempts >= m.max_attempts else "queued"
+                    m.due = m.status == "failed"  # a retry waits an hour, or 9,500 years
+            ids = {r[0] for r in observer.execute(sql.SQL("SELECT id FROM {}").format(table))}
+            children = ids - set(self.model) - set(self.gone)
+            assert len(children) == sum(k == "ok_followup" for k in owned.values())
+            for job_id in children:
+                self.enqueued.add(job_id)
+                self.model[job_id] = _Job("queued", 0, 2, 0)
+            errors = dict(observer.execute(sql.SQL(
+                "SELECT id, last_error FROM {} WHERE id = ANY(%s)").format(table),
+                [list(owned)]).fetchall())
+            for job_id, kind in owned.items():
+                if kind == "unchecked_followup":
+                    assert errors[job_id].startswith("UnstorableOutcome: "), errors[job_id]
+                elif kind not in ("ok", "ok_followup"):
+                    assert errors[job_id].split(":")[0] in (
+                        "ValueError", "ResultError", "RuntimeError"), errors[job_id]
 
         @precondition(lambda self: self.held)
         @rule(data=st.data())
@@ -224,7 +314,7 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
             assert (job_id in released) == self._owner(job_id, attempt)
             if released:
                 m = self.model[job_id]
-                m.status, m.attempts = "queued", m.attempts - 1
+                m.status, m.attempts, m.charged = "queued", m.attempts - 1, False
 
         @precondition(lambda self: any(m.status == "running" for m in self.model.values()))
         @rule(data=st.data())
@@ -254,6 +344,9 @@ def _machine(conns: list[psycopg.Connection[Any]], observer: psycopg.Connection[
             assert {r[0] for r in rows} == expected
             for job_id, status, attempts in rows:
                 m = self.model[job_id]
+                # a claim proves no start: only a suspect's claim was charged for certain
+                m.attempts -= not m.charged
+                m.charged, m.suspect = False, True
                 m.status = "failed" if m.attempts >= m.max_attempts else "queued"
                 assert (status, attempts) == (m.status, m.attempts)
 

@@ -85,15 +85,17 @@ def test_poison_jobs_fail_after_max_attempts_and_the_rest_drains(
 def test_handler_that_kills_its_process_fails_after_max_attempts(
     migrated: Settings, conn: psycopg.Connection[Any], pg_url: str, tmp_path: Path
 ) -> None:
-    """os._exit in a handler takes the whole drainer down with it (exit 7): the reaper
-    counts each death as an attempt and gives up at max_attempts ('lease expired')."""
+    """os._exit in a handler takes the whole drainer down with it (exit 7): the first
+    death is free (a claim proves no start), then the job is a suspect, charged at each
+    claim, and the reaper gives up at max_attempts ('lease expired'): max_attempts + 1
+    runs."""
     schema = migrated.schema_name
     enqueue_many(conn, [JobSpec("p_exit", {}, max_attempts=2)] +
                  [JobSpec("rec", {"n": i}, max_attempts=3) for i in range(10)], schema=schema)
     args = ["run-once", "--queue", "p_exit", "--queue", "rec", "--lease", "1",
             "--batch-size", "1"]
     codes = []
-    for _ in range(4):
+    for _ in range(5):
         def expired() -> bool:
             return all(r["expired"] for r in jobs(conn, schema).values()
                        if r["status"] == "running")
@@ -103,10 +105,10 @@ def test_handler_that_kills_its_process_fails_after_max_attempts(
         codes.append(code)
         if code == 0:
             break
-    assert codes == [7, 7, 0], codes
+    assert codes == [7, 7, 7, 0], codes
     table = jobs(conn, schema)
     (poison,) = [r for r in table.values() if r["queue"] == "p_exit"]
     assert poison["status"] == "failed" and poison["attempts"] == 2
     assert poison["last_error"] == "lease expired"
-    assert runs_per_job(tmp_path)[poison["id"]] == 2
+    assert runs_per_job(tmp_path)[poison["id"]] == 3
     assert {r["status"] for r in table.values() if r["queue"] == "rec"} == {"done"}

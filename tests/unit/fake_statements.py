@@ -87,7 +87,7 @@ class FakeJobs:
             if r.suspect and n > start_now:
                 continue  # a suspect runs only where it is charged: left for a later claim
             r.status, r.attempts, r.fence = "running", r.attempts + 1, r.fence + 1
-            r.charged, r.suspect, r.run_id = n <= start_now, False, run_id
+            r.charged, r.suspect, r.run_id = r.suspect, False, run_id
             out.append(ClaimedRow(r.id, r.queue, {}, r.attempts, r.max_attempts, r.priority,
                                   r.run_at, T0 + timedelta(seconds=lease), r.fence))
         return sorted(out, key=claim_order)

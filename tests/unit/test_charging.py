@@ -12,15 +12,16 @@ from drainer.producer import check_run_at
 from tests.unit.fake_statements import FakeJobs
 
 
-def test_only_the_jobs_started_at_once_are_charged_by_a_death() -> None:
+def test_a_death_charges_no_job_that_was_not_a_suspect() -> None:
     jobs = FakeJobs()
     jobs.add("a", 5)
-    rows = jobs.claim_batch("a", 5, 60.0, start_now=1, run_id="r1")
+    rows = jobs.claim_batch("a", 5, 60.0, start_now=5, run_id="r1")
     assert [r.attempts for r in rows] == [1] * 5
-    assert [jobs.rows[r.id].charged for r in rows] == [True, False, False, False, False]
+    # started at once or not, a claim proves no start: nothing is charged for certain
+    assert [jobs.rows[r.id].charged for r in rows] == [False] * 5
     assert {jobs.rows[r.id].run_id for r in rows} == {"r1"}
     jobs.reap()  # the drainer died: every lease expires
-    assert [jobs.rows[r.id].attempts for r in rows] == [1, 0, 0, 0, 0]
+    assert [jobs.rows[r.id].attempts for r in rows] == [0] * 5
     assert all(jobs.rows[r.id].suspect for r in rows)
 
 
@@ -42,7 +43,7 @@ def test_a_job_that_kills_its_drainer_fails_after_at_most_max_attempts_plus_one_
     jobs.rows[poison].max_attempts = 2
     runs = 0
     while jobs.rows[poison].status == "queued" and runs < 10:
-        # first claimed ahead (uncharged); a suspect only ever in step (start_now >= 1)
+        # first claimed uncharged (no suspect yet); a suspect only in step, charged
         assert jobs.claim_batch("a", 5, 60.0, start_now=0 if runs == 0 else 1)
         runs += 1
         jobs.reap()

@@ -26,6 +26,11 @@ def test_snooze_and_retry_validate() -> None:
         drainer.Retry(base=0)
     with pytest.raises(ValueError):
         drainer.Retry(max_attempts=0)
+    for kw in ({"base": float("nan")}, {"cap": float("nan")}, {"cap": -1.0},
+               {"jitter": float("nan")}, {"max_attempts": 2**40}):
+        with pytest.raises(ValueError):
+            drainer.Retry(**kw)  # type: ignore[arg-type]
+    drainer.Retry(base=1e308, cap=float("inf"))  # a wait at run_at's ceiling (fail_many)
     with pytest.raises(drainer.Snooze):
         job().snooze(3)
 
