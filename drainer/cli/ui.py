@@ -80,13 +80,7 @@ def ui_command(args: argparse.Namespace, settings: Settings) -> int:
     guard = Guard(token, bind_host=args.host, allowed_hosts=args.allowed_host)
     idle = idle_timeout_of(settings)
     policy = RefreshPolicy(idle, allow_always_on=args.allow_always_on)
-    extra: list[Any] = []
-    if settings.fleet_url is not None:  # --fleet-url / DRAINER_FLEET_URL: the fleet view
-        from drainer.fleet.control import control_settings
-        from drainer.ui.fleet import FleetPage
-
-        control_settings(settings)  # its password masked in every output
-        extra.append(FleetPage(settings))
+    extra = _extra_pages(settings)
     dashboard = Dashboard(settings, guard=guard, refresh=policy, registry=registry,
                           extra_pages=extra, secure_cookie=args.secure_cookie)
     server = make_ui_server(dashboard, args.host, args.port)
@@ -103,6 +97,17 @@ def ui_command(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _extra_pages(settings: Settings) -> list[Any]:
+    """The fleet view when --fleet-url / DRAINER_FLEET_URL is given."""
+    if settings.fleet_url is None:
+        return []
+    from drainer.fleet.control import control_settings
+    from drainer.ui.fleet import FleetPage
+
+    control_settings(settings)  # its password masked in every output
+    return [FleetPage(settings)]
+
+
 def _static(args: argparse.Namespace, settings: Settings, registry: Registry) -> int:
     from drainer.ui import write_static
     from drainer.ui.data import MAX_SAMPLE_S
@@ -110,7 +115,8 @@ def _static(args: argparse.Namespace, settings: Settings, registry: Registry) ->
     sample = seconds_arg("--sample-seconds", args.sample_seconds)
     if sample != 0 and not 1 <= sample <= MAX_SAMPLE_S:
         raise ConfigError(f"--sample-seconds: 0, or 1s to {MAX_SAMPLE_S:.0f}s")
-    written = write_static(settings, args.static, registry=registry, sample_s=sample)
+    written = write_static(settings, args.static, registry=registry, sample_s=sample,
+                           extra_pages=_extra_pages(settings))
     emit({"directory": args.static, "pages": len(written)},
          lambda r: f"wrote {r['pages']} pages to {r['directory']} (open index.html)",
          as_json=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from drainer.db import Queries
     from drainer.registry import Registry
     from drainer.settings import Settings
+    from drainer.ui.routes import ExtraPage
 
 #: Pages of the whole job list written at most (newest first).
 MAX_LIST_PAGES = 10
@@ -120,9 +122,16 @@ def _read_all(settings: Settings, q: Queries, status: dict[str, Any],
     return out
 
 
+def extra_file(page: ExtraPage) -> str:
+    """The file an extra page (the fleet view) is written to."""
+    return safe_name(page.path.strip("/")) + ".html"
+
+
 def write_static(settings: Settings, directory: str | Path, *,
-                 registry: Registry | None = None, sample_s: float = 0.0) -> list[Path]:
-    """Read everything, close the connection, write the pages; the files written."""
+                 registry: Registry | None = None, sample_s: float = 0.0,
+                 extra_pages: Sequence[ExtraPage] = ()) -> list[Path]:
+    """Read everything, close the connection, write the pages; the files written. Each of
+    ``extra_pages`` (the fleet view) reads its own database as it renders, after that."""
     out = Path(directory)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -139,10 +148,12 @@ def write_static(settings: Settings, directory: str | Path, *,
         links.lists[f] = name
         if i and page.newer is not None and reads.lists[i - 1][2].older == f:
             links.lists[page.newer] = reads.lists[i - 1][1]
-    frame = Frame(links, static=True)
+    frame = Frame(links, static=True,
+                  extra_nav=[(p.title, extra_file(p)) for p in extra_pages])
     token = relative_times.set(False)
     try:
         files = _render(frame, queues, reads, read, awake, sample_s, registry)
+        files.update({extra_file(p): p.render({}, frame) for p in extra_pages})
     finally:
         relative_times.reset(token)
     written = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,6 +18,7 @@ from drainer.fleet.tenants import Tenant
 from drainer.job import Job
 from drainer.registry import Registry
 from drainer.settings import load_settings
+from tests.acceptance._proc import DrainerProcess
 from tests.browser._cdp import Browser
 from tests.browser.conftest import shot, start_ui, stop_ui
 from tests.integration._fleet import Fleet, create_database, enqueue, sessions, tenant_fleet
@@ -79,6 +81,29 @@ def test_the_fleet_view_shows_each_tenants_due_time_outcome_and_error(
         assert sessions(pg_url, [fleet.database_of(t) for t in tenants]) == before
     finally:
         stop_ui(proc)
+
+
+def test_static_writes_the_fleet_view_from_the_control_database_only(
+        fleet: Fleet, pg_url: str, tmp_path: Path) -> None:
+    fleet.databases.append(f"{fleet.prefix}_ctl_static")
+    control_url = create_database(pg_url, fleet.databases[-1])
+    settings = load_settings(fleet_url=control_url, connect_retries=0, connect_timeout=3)
+    with connect_control(settings) as conn:
+        Control(conn, settings.schema_name).create()
+    ui_db, *tenants = fleet.tenants
+    with psycopg.connect(control_url, autocommit=True) as conn:
+        due(conn, tenants[0].name)
+    before = sessions(pg_url, [fleet.database_of(t) for t in tenants])
+    proc = DrainerProcess(["ui", "--static", str(tmp_path), "--fleet-url", control_url],
+                          pg_url=ui_db.url, schema="drainer")
+    try:
+        assert proc.wait(60) == 0, proc.stderr()
+    finally:
+        proc.kill()
+    page = (tmp_path / "fleet.html").read_text(encoding="utf-8")
+    assert tenants[0].name in page and "now" in page and "<form" not in page
+    assert 'href="fleet.html"' in (tmp_path / "index.html").read_text(encoding="utf-8")
+    assert sessions(pg_url, [fleet.database_of(t) for t in tenants]) == before
 
 
 def _rows(browser: Browser) -> list[list[str]]:
