@@ -35,10 +35,12 @@ next AS (
   FOR UPDATE SKIP LOCKED
 )
 
--- fragment: claim_update(lease)
+-- fragment: claim_update(lease, since)
 -- The claim itself, of the rows claim_next locked: each is running, one attempt more, a new
--- fence, leased for $lease seconds, returned with every column a ClaimedRow holds (in its
--- order). `id = ANY(ARRAY(...))` keeps the UPDATE on the primary key in the generic plan
+-- fence, leased for $lease seconds from $since (the transaction's now(); a rated claim's
+-- window clock, read after the queue's claim lock: the instant its window counts, which a
+-- wait for the lock puts after now()), returned with every column a ClaimedRow holds (in
+-- its order). `id = ANY(ARRAY(...))` keeps the UPDATE on the primary key in the generic plan
 -- too, whose unknown LIMIT would otherwise turn the join into a hash join over a Seq Scan
 -- of the table.
 --
@@ -56,7 +58,7 @@ SET status       = 'running',
     charged      = j.suspect,
     suspect      = false,
     run_id       = %(run_id)s,
-    locked_until = now() + make_interval(secs => $lease)
+    locked_until = $since + make_interval(secs => $lease)
 WHERE j.id = ANY (ARRAY(SELECT id FROM next LIMIT %(start_now)s)
                   || ARRAY(SELECT id FROM next WHERE NOT suspect))
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.run_at,
@@ -66,7 +68,7 @@ RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.ru
 -- Claim up to batch_size due jobs of one queue and write their lease. Committed at once
 -- (lease mode).
 WITH @claim_next(queue => %(queue)s, limit => %(batch_size)s)
-@claim_update(lease => %(lease)s);
+@claim_update(lease => %(lease)s, since => now());
 
 -- fragment: due_jobs(queue, limit)
 -- The due queued jobs of $queue, up to $limit, in the claim index's order: an index scan
@@ -112,7 +114,7 @@ WITH @running_live(only_if => true),
             limit => (SELECT greatest(0, least(%(batch_size)s::bigint,
                                                %(max_running)s::bigint - n))
                       FROM live))
-@claim_update(lease => %(lease)s);
+@claim_update(lease => %(lease)s, since => now());
 
 -- name: claim_batch_rated
 -- A queue with a rate limit, step 2 of its claim transaction, after queue_claim_lock (the
@@ -145,7 +147,7 @@ WITH clock AS MATERIALIZED (
          greatest(0, %(rate_count)s::bigint - (SELECT coalesce(sum(n), 0) FROM win)) AS rate
 ), @claim_next(queue => %(queue)s, limit => (SELECT least(capped, rate) FROM room)),
 claimed AS (
-  @claim_update(lease => %(lease)s)
+  @claim_update(lease => %(lease)s, since => (SELECT t FROM clock))
 ), took AS (
   SELECT count(*) AS n FROM claimed
 ), due AS (
@@ -259,7 +261,7 @@ WITH done AS (
   @follow_up_insert
 ), @claim_next(queue => %(queue)s, limit => %(batch_size)s),
 claimed AS (
-  @claim_update(lease => %(lease)s)
+  @claim_update(lease => %(lease)s, since => now())
 )
 SELECT 'done' AS kind, id, NULL AS queue, NULL::jsonb AS payload, NULL::int AS attempts,
        NULL::int AS max_attempts, NULL::int AS priority, NULL::timestamptz AS run_at,
@@ -516,7 +518,7 @@ WITH target AS MATERIALIZED (
                       AND (c.max_running IS NOT NULL OR c.rate_count IS NOT NULL))
   LIMIT 1
 ), @claim_next(queue => (SELECT queue FROM target), limit => %(batch_size)s)
-@claim_update(lease => (SELECT lease FROM target));
+@claim_update(lease => (SELECT lease FROM target), since => now());
 
 -- fragment: finished_before(status, older_than)
 -- The jobs of status $status finished more than $older_than seconds ago: what the archiver

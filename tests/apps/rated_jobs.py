@@ -13,8 +13,8 @@ LEASE = 60.0
 
 @task("rated", rate_limit=RATE, lease=LEASE)
 def rated(job: Job) -> None:
-    # the claim's instant on the database's clock: its lease ends LEASE after the claim
-    # transaction's now() (job.deadline, no timeout set; a heartbeat extends it only later)
+    # the claim's instant on the database's clock: its lease ends LEASE after the rate
+    # window's clock (job.deadline, no timeout set; a heartbeat extends it only later)
     assert job.deadline is not None
     claimed = job.deadline.timestamp() - LEASE
     line = f"start {time.time():.6f} {os.getpid()} {job.id} {claimed:.6f}\n"
