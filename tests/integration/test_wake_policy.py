@@ -229,10 +229,8 @@ def test_due_work_left_wakes_at_the_next_tick(
     assert sum(r.succeeded for _, r in s.reports) == 8
 
 
-def test_a_due_retry_wakes_when_due_while_the_compute_is_still_up(
-        quiet: Settings, conn: psycopg.Connection[Any], registry: Registry,
-        caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="drainer")
+def flaky_task(registry: Registry) -> list[tuple[int, float]]:
+    """A task "flaky" that fails its first attempt; (attempt, time) of each run."""
     attempts: list[tuple[int, float]] = []
 
     @registry.task("flaky")
@@ -241,6 +239,14 @@ def test_a_due_retry_wakes_when_due_while_the_compute_is_still_up(
         if job.attempt == 1:
             raise RuntimeError("first attempt fails")
 
+    return attempts
+
+
+def test_a_due_retry_wakes_when_due_while_the_compute_is_still_up(
+        quiet: Settings, conn: psycopg.Connection[Any], registry: Registry,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="drainer")
+    attempts = flaky_task(registry)
     job = insert_plain(conn, quiet.schema_name, "flaky")
     fast_retry = quiet.model_copy(update={"retry_base": 0.1})  # due 0.2 s after failing
     idle = 2.0
@@ -262,14 +268,7 @@ def test_a_due_retry_runs_when_due_not_at_the_next_interval_tick(
         quiet: Settings, conn: psycopg.Connection[Any], registry: Registry) -> None:
     """Ticks 30 s apart: the retry (due 0.2 s after its first attempt failed) runs at its
     due time, by a wake at the report's next_due_at, not 30 s later."""
-    attempts: list[tuple[int, float]] = []
-
-    @registry.task("flaky")
-    def handler(job: Job) -> None:
-        attempts.append((job.attempt, time.time()))
-        if job.attempt == 1:
-            raise RuntimeError("first attempt fails")
-
+    attempts = flaky_task(registry)
     job = insert_plain(conn, quiet.schema_name, "flaky")
     fast_retry = quiet.model_copy(update={"retry_base": 0.1})
     with scheduling(fast_retry, registry, tick=30, idle=20, max_sleep=600) as s:
