@@ -11,9 +11,9 @@ how long the server sessions were held. The io section drains jobs that wait 50 
 sync, against Little's law.
 
 Each contender drains its own schema (drainer, the plain loop, pgbench) or its own database
-(procrastinate, pgqueuer) in the database ``drainer_bench`` and its siblings, created when
-missing. Contenders are interleaved (one repetition of each in turn, the order rotating), and
-each figure is the median of the repetitions with the min and max beside it.
+(procrastinate, pgqueuer, chancy, dbos) in the database ``drainer_bench`` and its siblings,
+created when missing. Contenders are interleaved (one repetition of each in turn, the order
+rotating), and each figure is the median of the repetitions with the min and max beside it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from psycopg import sql
 
 from bench.capacity import section_capacity
 from bench.contenders import (
+    Chancy,
     Contender,
+    Dbos,
     Drainer,
     Pgbench,
     Pgqueuer,
@@ -130,6 +132,12 @@ def rate_table(series: dict[str, Series], ref: str, ref_label: str = "drainer") 
     return lines
 
 
+#: chancy and DBOS have no drain mode: their worker runs until the harness sees the queue
+#: empty in their own table (bench/peer_done.py), then stops
+CHANCY = "chancy worker until empty (AsyncExecutor, concurrency 50, eager polling)"
+DBOS = "dbos queue worker until empty (workflows, default polling 1 s)"
+
+
 def section_drain(ctx: Ctx) -> list[str]:
     db = ctx.db
     contenders: list[Contender] = [
@@ -152,6 +160,8 @@ def section_drain(ctx: Ctx) -> list[str]:
             Procrastinate("procrastinate worker --one-shot (c=10)", proc_db, "public",
                           concurrency=10),
             Pgqueuer("pgqueuer drain mode (asyncpg, batch 10)", pgq_db, "public"),
+            Chancy(CHANCY, ctx.peer_db("chancy"), "public"),
+            Dbos(DBOS, ctx.peer_db("dbos"), "public"),
         ]
     series = race(contenders, ctx.n, ctx.repeat, peers)
     ctx.results["drain"] = {k: v.values for k, v in series.items()}
@@ -178,7 +188,7 @@ def section_drain(ctx: Ctx) -> list[str]:
             lines.append(f"{name}: {statistics.median(s.per_statement):,.1f} jobs per "
                          "completion statement (median over runs; its claim size)")
     for name, s in series.items():
-        if name.startswith(("procrastinate", "pgqueuer")):
+        if name.startswith(("procrastinate", "pgqueuer", "chancy", "dbos")):
             lines.append(f"drainer (defaults) / {name}: **{d / s.median:.1f}x**")
     return lines
 
@@ -611,7 +621,8 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="KIND:C[,...]",
                    help=f"Handler kinds and concurrencies of the io section [{DEFAULT_PLAN}].")
     p.add_argument("--no-peers", dest="peers", action="store_false",
-                   help="Skip procrastinate and pgqueuer (no venv, no install).")
+                   help="Skip the peers: procrastinate, pgqueuer, chancy, dbos (no venv, no "
+                   "install).")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help=f"Comma-separated sections to run, of {', '.join(SECTIONS)}.")
     p.add_argument("--quick", action="store_true",

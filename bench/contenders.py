@@ -6,6 +6,7 @@ import json
 import math
 import re
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -159,17 +160,28 @@ class PlainLoop(Contender):
 
 PEERS_VENV = ROOT / "bench" / ".peers-venv"
 PEERS_BIN = PEERS_VENV / "bin"
-PEER_PACKAGES = ["procrastinate", "pgqueuer", "asyncpg"]
+#: the peers' packages, from PyPI (unpinned) when the venv is made; one added here is
+#: installed on the next use; ``peer_versions()`` says which versions ran
+PEER_PACKAGES = ["procrastinate", "pgqueuer", "asyncpg", "chancy", "dbos"]
 
 
 def ensure_peers() -> str | None:
-    """Install the peers into their own venv on first use; None when ready, else why not."""
+    """Install the peers into their own venv on first use (and when PEER_PACKAGES gains
+    one); None when ready, else why not."""
+    stamp = PEERS_VENV / ".bench-installed"
+    with _INSTALLING:  # bench.awake --parallel starts its peers from threads at once
+        if stamp.exists() and stamp.read_text().split() == PEER_PACKAGES:
+            return None
+        return _install_peers(stamp)
+
+
+_INSTALLING = threading.Lock()
+
+
+def _install_peers(stamp: Path) -> str | None:
     import subprocess
     import venv
 
-    stamp = PEERS_VENV / ".bench-installed"
-    if stamp.exists():
-        return None
     try:
         if not (PEERS_BIN / "python").exists():
             venv.EnvBuilder(with_pip=True).create(PEERS_VENV)
@@ -256,3 +268,71 @@ class Pgqueuer(Contender):
             return f"exit {timed.returncode}: {timed.stderr.strip()[-300:]}"
         left = _sql(self.url, "SELECT count(*) FROM pgqueuer")[0][0]
         return None if left == 0 else f"{left} of {n} jobs left in the queue"
+
+
+@dataclass
+class Chancy(Contender):
+    """chancy's worker run until its queue is empty (bench/peer_chancy.py: it has no drain
+    mode), jobs inserted into ``chancy_jobs`` beforehand, as procrastinate's."""
+
+    concurrency: int = 50
+
+    def setup(self) -> None:
+        # the queue's settings live in the database: declare them on every setup (upsert)
+        done = run_timed([str(PEERS_BIN / "python"), "-m", "bench.peer_chancy", self.url,
+                          "install", str(self.concurrency)], {"PYTHONPATH": str(ROOT)})
+        if done.returncode:
+            raise RuntimeError(f"chancy install: {done.stderr.strip()[-300:]}")
+
+    def reset(self, n: int) -> None:
+        _sql(self.url,
+             "TRUNCATE chancy_jobs",
+             "INSERT INTO chancy_jobs (id, queue, func) "
+             f"SELECT gen_random_uuid(), 'bench', 'bench.peer_chancy.noop' "
+             f"FROM generate_series(1, {int(n)})",
+             "VACUUM (ANALYZE) chancy_jobs")
+
+    def run(self, n: int) -> Timed:
+        # the harness's own poll goes to the database directly: it is not chancy's work
+        return run_timed([str(PEERS_BIN / "python"), "-m", "bench.peer_chancy", self.run_url,
+                          str(n), self.url], {"PYTHONPATH": str(ROOT)})
+
+    def check(self, n: int, timed: Timed) -> str | None:
+        if timed.returncode != 0:
+            return f"exit {timed.returncode}: {timed.stderr.strip()[-300:]}"
+        done = _sql(self.url, "SELECT count(*) FROM chancy_jobs "
+                              "WHERE state = 'succeeded'")[0][0]
+        return None if done == n else f"{done} of {n} jobs succeeded"
+
+
+@dataclass
+class Dbos(Contender):
+    """DBOS's queue worker run until the queue is empty (bench/peer_dbos.py: it has no drain
+    mode), workflows enqueued beforehand by DBOS's own SQL ``dbos.enqueue_workflow``."""
+
+    def setup(self) -> None:
+        if not _sql(self.url, "SELECT to_regclass('dbos.workflow_status') IS NOT NULL")[0][0]:
+            # DBOS creates its system tables when it launches: a drain of nothing
+            done = run_timed([str(PEERS_BIN / "python"), "-m", "bench.peer_dbos", self.url,
+                              "0"], {"PYTHONPATH": str(ROOT)})
+            if done.returncode:
+                raise RuntimeError(f"DBOS launch: {done.stderr.strip()[-300:]}")
+
+    def reset(self, n: int) -> None:
+        _sql(self.url,
+             "TRUNCATE dbos.workflow_status, dbos.workflow_input, dbos.workflow_output, "
+             "dbos.operation_outputs CASCADE",
+             f"SELECT count(dbos.enqueue_workflow('noop', 'bench')) "
+             f"FROM generate_series(1, {int(n)})",
+             "VACUUM (ANALYZE) dbos.workflow_status, dbos.workflow_input")
+
+    def run(self, n: int) -> Timed:
+        return run_timed([str(PEERS_BIN / "python"), "-m", "bench.peer_dbos", self.run_url,
+                          str(n), self.url], {"PYTHONPATH": str(ROOT)})
+
+    def check(self, n: int, timed: Timed) -> str | None:
+        if timed.returncode != 0:
+            return f"exit {timed.returncode}: {timed.stderr.strip()[-300:]}"
+        done = _sql(self.url, "SELECT count(*) FROM dbos.workflow_status "
+                              "WHERE status = 'SUCCESS'")[0][0]
+        return None if done == n else f"{done} of {n} workflows succeeded"
