@@ -8,9 +8,10 @@ drain or one-shot mode: this launches DBOS (its system database is DSN's databas
 as many workflows as its limits let it (none set: DBOS's default; a ``worker_concurrency``
 of 50 or 200 caps each poll's claim, so 50 or 200 a second) and runs each on its executor
 threads; it polls ``dbos.workflow_status`` from a connection of its own (to WATCH_DSN, by
-default DSN) until none of the queue's workflows is unfinished (bench/peer_done.py), then destroys DBOS and exits. The benchmark enqueues the workflows
-beforehand with DBOS's own SQL function ``dbos.enqueue_workflow('noop', 'bench')`` (its
-enqueue for other languages: a status row and its inputs, as DBOS writes them).
+default DSN) until none of the queue's workflows is unfinished (bench/peer_done.py), then
+destroys DBOS and exits. The benchmark enqueues the workflows beforehand with DBOS's own SQL
+function ``dbos.enqueue_workflow('noop', 'bench')`` (its enqueue for other languages: a
+status row and its inputs, as DBOS writes them).
 """
 
 from __future__ import annotations
