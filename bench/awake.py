@@ -47,10 +47,12 @@ max(run_at, created_at)``: median / p95 / max) and of the retries, and the table
 the least possible awake time (bench/awake_suspend.py). ``--workload long``: 10 jobs whose
 handlers wait 60 s without touching the database, run at once (``--concurrency 10``).
 
-``procrastinate``, ``pgqueuer`` (not in the default list; ``--only``): the peers' always-on
-workers (bench/peer_awake.py, in bench/.peers-venv, installed on first use), each in a
-database of its own, fed by the same producers with plain inserts (their own triggers
-notify them), through the simulator too; they have no recurring definition.
+``procrastinate``, ``pgqueuer``, ``chancy``, ``dbos`` (not in the default list; ``--only``):
+the peers' always-on workers (bench/peer_awake.py, in bench/.peers-venv, installed on first
+use), each in a database of its own, fed by the same producers with their own inserts
+(bench/awake_peers.py: plain inserts whose triggers notify procrastinate and pgqueuer,
+chancy's inserts and NOTIFY, DBOS's SQL ``enqueue_workflow``), through the simulator too;
+they have no recurring definition.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -91,6 +94,7 @@ from bench.awake_suspend import (
     union_seconds,
     wasted,
 )
+from bench.contenders import ensure_peers
 from bench.core import ROOT, ensure_database, log
 from bench.link import target_of, via
 from bench.suspend import SuspendSimulator
@@ -234,7 +238,7 @@ def prepare(url: str, worker: bool) -> None:
 
 
 def produce(url: str, trigger_url: str, burst: Burst, window: float,
-            peer: str | None = None) -> None:
+            peer: str | None = None, retry_wait: float = 5.0) -> None:
     """A short-lived producer: connect, one transaction, commit, (fire the trigger,) close.
     The first ``burst.failing`` jobs say ``fail`` (the handler fails them once), the last
     ``burst.delayed`` run ``burst.delay`` x window later; each payload says when it is due."""
@@ -252,7 +256,7 @@ def produce(url: str, trigger_url: str, burst: Burst, window: float,
     run_at = datetime.fromtimestamp(later, timezone.utc)
     with psycopg.connect(url, autocommit=True, application_name=PRODUCER) as conn:
         if peer is not None:
-            awake_peers.insert(conn, peer, payloads)
+            awake_peers.insert(conn, peer, payloads, retry_wait)
         elif burst.triggered:
             with transaction(conn, settings, timeout=1.0) as tx:
                 if now_jobs:
@@ -429,7 +433,7 @@ def _window(contender: str, server: str, dbname: str, url: str, run_url: str,
         if delay > 0:
             time.sleep(delay)
         t = threading.Thread(target=produce, args=(run_url, trigger_url, burst, window,
-                                                   contender if peer else None))
+                                                   contender if peer else None, retry_wait))
         t.start()
         producers.append(t)
     for t in producers:
@@ -673,7 +677,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=None,
                    help="Seconds a contender runs before the window [idle timeout + 10].")
     p.add_argument("--only", default=",".join(CONTENDERS),
-                   help=f"Comma-separated contenders [{','.join(CONTENDERS)}].")
+                   help=f"Comma-separated contenders [{','.join(CONTENDERS)}]; also "
+                   f"{', '.join(EXTRA_CONTENDERS + awake_peers.PEERS)} (the peers' always-on "
+                   "workers, in bench/.peers-venv).")
     p.add_argument("--parallel", action="store_true",
                    help="Run the contenders at the same time (each has its own database; "
                    "the machine's CPU is shared).")
@@ -723,11 +729,24 @@ def main(argv: list[str] | None = None) -> int:
           "workload": a.workload, "retry_wait": a.retry_wait, "linger": a.linger,
           "cold_start": None if a.direct else a.cold_start, "handler_s": a.handler_seconds}
     started = datetime.now(timezone.utc)
+    if any(c in awake_peers.PEERS for c in only):
+        # once, before any contender's thread: the peers venv is made (or completed) here
+        problem = ensure_peers()
+        if problem:
+            sys.stderr.write(f"bench.awake: {problem}\n")
+            return 1
     if a.parallel:
         found: dict[str, Result] = {}
+        failed: dict[str, str] = {}
 
         def one(c: str) -> None:
-            found[c] = run_contender(c, a.server, a.database, **kw)
+            # a thread drops SystemExit (a contender that exited early raises it) and
+            # prints other exceptions far from the table: keep the reason for the summary
+            try:
+                found[c] = run_contender(c, a.server, a.database, **kw)
+            except BaseException as exc:  # reported below, with the others
+                failed[c] = f"{type(exc).__name__}: {exc}".strip()
+                sys.stderr.write(f"{c} failed:\n{traceback.format_exc()}\n")
 
         threads = [threading.Thread(target=one, args=(c,)) for c in only]
         for t in threads:
@@ -736,7 +755,8 @@ def main(argv: list[str] | None = None) -> int:
             t.join()
         missing = [c for c in only if c not in found]
         if missing:  # the others' figures are still printed (a run takes minutes)
-            sys.stderr.write(f"contender(s) failed: {', '.join(missing)}\n")
+            sys.stderr.write("contender(s) failed: " + "; ".join(
+                f"{c}: {failed.get(c, 'no result')[-600:]}" for c in missing) + "\n")
             if not found:
                 return 1
         results = [found[c] for c in only if c in found]

@@ -1,5 +1,5 @@
-"""bench.awake's peers (procrastinate, pgqueuer): set-up, command, producer inserts, and
-what their attempt log says (bench/peer_awake.py runs them in the peers venv)."""
+"""bench.awake's peers (procrastinate, pgqueuer, chancy, dbos): set-up, command, producer
+inserts, and what their attempt log says (bench/peer_awake.py runs them in the peers venv)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ import psycopg
 from bench.contenders import PEERS_BIN, ensure_peers
 from bench.core import ROOT
 
-PEERS = ("procrastinate", "pgqueuer")
+PEERS = ("procrastinate", "pgqueuer", "chancy", "dbos")
+#: chancy's retry plugin reads the delay from each job's meta: exactly the wait, no jitter
+#: (bench/peer_awake.py's BENCH_RETRY_WAIT is the same for the other peers)
+CHANCY_FUNC = "bench.peer_awake.chancy_work"
 
 
 def install(kind: str, url: str) -> None:
@@ -31,13 +34,31 @@ def command(kind: str, url: str) -> list[str]:
     return [str(PEERS_BIN / "python"), "-m", "bench.peer_awake", kind, url]
 
 
-def insert(conn: psycopg.Connection[Any], kind: str, payloads: Sequence[dict[str, Any]]
-           ) -> None:
-    """The producer's transaction for a peer: plain inserts into its table, whose own
-    trigger notifies its worker (the peers have no HTTP trigger)."""
+def insert(conn: psycopg.Connection[Any], kind: str, payloads: Sequence[dict[str, Any]],
+           retry_wait: float = 5.0) -> None:
+    """The producer's transaction for a peer (the peers have no HTTP trigger): plain inserts
+    into its table, whose own trigger notifies its worker (procrastinate, pgqueuer); for
+    chancy the inserts and the NOTIFY its ``push_many`` sends; for DBOS its own SQL
+    enqueue, ``dbos.enqueue_workflow`` (its workers poll the queue, no notification)."""
     rows = [(json.dumps(p), datetime.fromtimestamp(p["due"], timezone.utc)) for p in payloads]
+    now = datetime.now(timezone.utc).timestamp()
     with conn.transaction(), conn.cursor() as cur:
-        if kind == "procrastinate":
+        if kind == "chancy":
+            meta = json.dumps({"retry_settings": {
+                "backoff": retry_wait, "backoff_factor": 1, "backoff_limit": retry_wait,
+                "backoff_jitter": [0, 0]}})
+            cur.executemany("INSERT INTO chancy_jobs (id, queue, func, kwargs, meta, "
+                            "max_attempts, scheduled_at) VALUES (gen_random_uuid(), 'bench', "
+                            "%s, jsonb_build_object('payload', %s::jsonb), %s::jsonb, 2, %s)",
+                            [(CHANCY_FUNC, p, meta, due) for p, due in rows])
+            cur.execute("SELECT pg_notify('chancy_events', %s)",
+                        [json.dumps({"t": "queue.pushed", "q": "bench"})])
+        elif kind == "dbos":
+            cur.executemany("SELECT dbos.enqueue_workflow('work', 'bench', ARRAY[%s::json], "
+                            "delay_until_epoch_ms => %s)",
+                            [(json.dumps(p), round(p["due"] * 1000) if p["due"] > now else None)
+                             for p in payloads])
+        elif kind == "procrastinate":
             cur.executemany("INSERT INTO procrastinate_jobs (queue_name, task_name, args, "
                             "scheduled_at) VALUES ('bench', 'work', %s::jsonb, %s)", rows)
         else:

@@ -1,6 +1,6 @@
 """The awake benchmark's peers (run by the peers venv): a worker of each, always on.
 
-    python -m bench.peer_awake procrastinate|pgqueuer DSN [install]
+    python -m bench.peer_awake procrastinate|pgqueuer|chancy|dbos DSN [install]
 
 One task ``work`` on the queue ``bench``, as bench/hard_app.py: a payload with ``fail``
 fails its first attempt and is retried by the peer's own retry (``BENCH_RETRY_WAIT``
@@ -8,16 +8,23 @@ seconds, 5 by default), ``sleep`` waits. Every call appends ``started ended atte
 key due`` to ``$BENCH_ATTEMPT_LOG``, where the benchmark reads jobs done and latency (the
 peers' tables keep no common finished time). The workers are the peers' long-running
 modes (procrastinate's worker: LISTEN/NOTIFY, polling every 5 s; pgqueuer's QueueManager:
-LISTEN/NOTIFY, dequeue timeout 30 s): neither has a drain-and-exit mode that a trigger or
-a schedule starts, beside procrastinate's --one-shot, which knows no delayed job.
+LISTEN/NOTIFY, dequeue timeout 30 s; chancy's Worker with its default plugins and the retry
+plugin: LISTEN/NOTIFY, the queue polled every 5 s (its default), the AsyncExecutor, 50 at
+once, eager polling, outcomes written every second; DBOS: a workflow ``work`` running one
+step whose own retry (``max_attempts=2``, ``interval_seconds``) is the retry, its queue
+polled every second (its default)): none has a drain-and-exit mode that a trigger or a
+schedule starts, beside procrastinate's --one-shot, which knows no delayed job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -94,8 +101,63 @@ async def pgqueuer_main(dsn: str, install: bool) -> None:
         await conn.close()
 
 
+async def chancy_work(*, payload: dict[str, Any], job: Any) -> None:
+    """chancy's job (``func`` of the rows bench/awake_peers.py inserts): chancy passes the
+    job to a keyword-only parameter annotated ``QueuedJob`` (set by chancy_main: this module's
+    annotations are strings, which chancy does not resolve)."""
+    await work(payload, job.attempts + 1)
+
+
+async def chancy_main(dsn: str, install: bool) -> None:
+    from chancy import Chancy, Queue, QueuedJob, Worker
+    from chancy.plugins.retry import RetryPlugin
+
+    chancy_work.__annotations__["job"] = QueuedJob
+    dsn += ("&" if "?" in dsn else "?") + "application_name=chancy"
+    log = logging.getLogger("bench.chancy")
+    log.setLevel(logging.WARNING)  # chancy logs every job pulled at INFO
+    async with Chancy(dsn, plugins=[RetryPlugin()], log=log) as chancy:
+        if install:
+            await chancy.migrate()
+            await chancy.declare(Queue("bench", concurrency=50, executor=Chancy.Executor.Async,
+                                       eager_polling=True), upsert=True)
+            return
+        async with Worker(chancy) as worker:
+            await worker.wait_for_shutdown()
+
+
+def dbos_main(dsn: str, install: bool) -> None:
+    from dbos import DBOS, DBOSConfig
+
+    @DBOS.step(retries_allowed=True, max_attempts=2, interval_seconds=WAIT_S)
+    async def step(payload: dict[str, Any]) -> None:
+        status = DBOS.step_status
+        await work(payload, (status.current_attempt or 0) + 1 if status else 1)
+
+    @DBOS.workflow(name="work")
+    async def workflow(payload: dict[str, Any]) -> None:
+        await step(payload)
+
+    url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+    url += ("&" if "?" in url else "?") + "application_name=dbos"
+    config: DBOSConfig = {"name": "bench", "system_database_url": url,
+                          "application_version": "bench", "log_level": "WARNING"}
+    DBOS(config=config)
+    DBOS.launch()
+    DBOS.register_queue("bench", on_conflict="always_update")
+    if not install:
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_a: stop.set())
+        stop.wait()
+    DBOS.destroy()
+
+
 if __name__ == "__main__":
     kind, dsn = sys.argv[1], sys.argv[2]
     install = sys.argv[3:4] == ["install"]
-    main = {"procrastinate": procrastinate_main, "pgqueuer": pgqueuer_main}[kind]
+    if kind == "dbos":
+        dbos_main(dsn, install)
+        raise SystemExit(0)
+    main = {"procrastinate": procrastinate_main, "pgqueuer": pgqueuer_main,
+            "chancy": chancy_main}[kind]
     asyncio.run(main(dsn, install))
