@@ -37,6 +37,8 @@ from psycopg import sql
 
 from bench.capacity import section_capacity
 from bench.contenders import (
+    CHANCY,
+    DBOS,
     Chancy,
     Contender,
     Dbos,
@@ -130,12 +132,6 @@ def rate_table(series: dict[str, Series], ref: str, ref_label: str = "drainer") 
         lines.append(f"| {s.name}{note} | {fmt_rate(s.median)} | {fmt_rate(s.lo)} | "
                      f"{fmt_rate(s.hi)} | {len(s.values)} | {ratio:.2f} |")
     return lines
-
-
-#: chancy and DBOS have no drain mode: their worker runs until the harness sees the queue
-#: empty in their own table (bench/peer_done.py), then stops
-CHANCY = "chancy worker until empty (AsyncExecutor, concurrency 50, eager polling)"
-DBOS = "dbos queue worker until empty (workflows, default polling 1 s)"
 
 
 def section_drain(ctx: Ctx) -> list[str]:

@@ -270,6 +270,12 @@ class Pgqueuer(Contender):
         return None if left == 0 else f"{left} of {n} jobs left in the queue"
 
 
+#: the peers with no drain mode, as the tables name them: their worker runs until the harness
+#: sees the queue empty in their own table (bench/peer_done.py), then stops
+CHANCY = "chancy worker until empty (AsyncExecutor, concurrency 50, eager polling)"
+DBOS = "dbos queue worker until empty (workflows, default polling 1 s)"
+
+
 @dataclass
 class Chancy(Contender):
     """chancy's worker run until its queue is empty (bench/peer_chancy.py: it has no drain

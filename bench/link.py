@@ -16,7 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from bench.contenders import PEERS_BIN, Contender, Drainer, Pgqueuer, Procrastinate
+from bench.contenders import (
+    CHANCY,
+    DBOS,
+    PEERS_BIN,
+    Chancy,
+    Contender,
+    Dbos,
+    Drainer,
+    Pgqueuer,
+    Procrastinate,
+)
 from bench.core import ROOT, VENV_BIN, fill, fmt_rate, fresh_schema, log, run_timed, settle
 from bench.proxy import DelayProxy, Session, compute_seconds, held_seconds
 from bench.suspend import SuspendSimulator
@@ -135,6 +145,9 @@ def section_link_drain(ctx: Ctx) -> list[str]:
             proc_db = ctx.peer_db("procrastinate")
             kinds.append((PROCRASTINATE, lambda v: Procrastinate(
                 PROCRASTINATE, proc_db, "public", via=v, concurrency=10)))
+            chancy_db, dbos_db = ctx.peer_db("chancy"), ctx.peer_db("dbos")
+            kinds.append((CHANCY, lambda v: Chancy(CHANCY, chancy_db, "public", via=v)))
+            kinds.append((DBOS, lambda v: Dbos(DBOS, dbos_db, "public", via=v)))
         entries: list[tuple[Contender, float | None]] = []
         for _name, make in kinds:
             entries.append((make(None), None))
@@ -164,7 +177,8 @@ def section_link_drain(ctx: Ctx) -> list[str]:
     for link in [None, *ctx.rtts]:
         d = by.get(("drainer run-once (defaults)", link))
         for peer, short in (("pgqueuer drain mode (asyncpg, batch 10)", "pgqueuer"),
-                            (PROCRASTINATE, "procrastinate")):
+                            (PROCRASTINATE, "procrastinate"), (CHANCY, "chancy"),
+                            (DBOS, "dbos")):
             q = by.get((peer, link))
             if d and q and d.rates and q.rates:
                 text = (f"{link_label(link)}: drainer / {short} jobs/s "

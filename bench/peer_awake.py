@@ -102,17 +102,23 @@ async def pgqueuer_main(dsn: str, install: bool) -> None:
 
 
 async def chancy_work(*, payload: dict[str, Any], job: Any) -> None:
-    """chancy's job (``func`` of the rows bench/awake_peers.py inserts): chancy passes the
-    job to a keyword-only parameter annotated ``QueuedJob`` (set by chancy_main: this module's
-    annotations are strings, which chancy does not resolve)."""
+    """chancy's job (``func`` of the rows bench/awake_peers.py inserts, which chancy's
+    worker imports: this module again, not ``__main__``)."""
     await work(payload, job.attempts + 1)
 
 
+if "chancy" in sys.modules:  # imported by chancy's worker to run chancy_work
+    from chancy import QueuedJob
+
+    # chancy passes the job to a keyword-only parameter annotated QueuedJob, and reads the
+    # annotation as it is: a string here (from __future__ import annotations)
+    chancy_work.__annotations__["job"] = QueuedJob
+
+
 async def chancy_main(dsn: str, install: bool) -> None:
-    from chancy import Chancy, Queue, QueuedJob, Worker
+    from chancy import Chancy, Queue, Worker
     from chancy.plugins.retry import RetryPlugin
 
-    chancy_work.__annotations__["job"] = QueuedJob
     dsn += ("&" if "?" in dsn else "?") + "application_name=chancy"
     log = logging.getLogger("bench.chancy")
     log.setLevel(logging.WARNING)  # chancy logs every job pulled at INFO
