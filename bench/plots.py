@@ -510,7 +510,7 @@ def headline(d: dict[str, Any]) -> list[tuple[str, str]]:
                          f"({fmt_rate(best[0])} jobs/s: *Postgres as a job queue*'s SQL "
                          f"under pgbench, {best[1]} clients, LIMIT {best[2]}, same run)")
         parts += [f"{ratio(own, median(v)):.1f}x {name}" for name, v in drain.items()
-                  if name.startswith(("pgqueuer", "procrastinate"))]
+                  if name.startswith(("pgqueuer", "procrastinate", "chancy", "dbos"))]
         rows.append(("no-op drain, local database, defaults", "; ".join(parts)))
     cap = _dict(d, "capacity")
     pairs = [p for p in cap.get("same_round_ratio") or [] if isinstance(p, dict)]
