@@ -75,17 +75,21 @@ LONG_CONCURRENCY = 10
 def due_instants(bursts: Sequence[Burst], start: float, window: float, retry_wait: float,
                  cron: str | None = None) -> list[float]:
     """When the workload's jobs come due (time.time()), each first attempt assumed to run
-    at its due time: enqueued or delayed to, retried at, recurring occurrences."""
+    at its due time: enqueued or delayed to, retried at, recurring occurrences; and, for
+    handlers that wait (``sleep``: the long workload), when they end: their outcomes are
+    written then (the compute may sleep while they work, not while they are written)."""
     out: list[float] = []
     for b in bursts:
         at = start + b.at * window
         immediate = b.jobs - b.delayed
-        if immediate:
-            out.append(at)
-        if b.delayed:
-            out.append(at + b.delay * window)
+        starts = ([at] if immediate else []) + ([at + b.delay * window] if b.delayed else [])
+        out += starts
+        if b.sleep:
+            out += [s + b.sleep for s in starts]
         if b.failing:
             out.append(at + b.sleep + retry_wait)
+            if b.sleep:
+                out.append(at + 2 * b.sleep + retry_wait)
     if cron:
         after = datetime.fromtimestamp(start, timezone.utc)
         for t in iter_fire_times(cron, timezone.utc, after):

@@ -8,6 +8,7 @@ import pytest
 
 from bench.awake_suspend import (
     HARD_WORKLOAD,
+    LONG_WORKLOAD,
     Burst,
     Latency,
     due_instants,
@@ -41,6 +42,19 @@ def test_due_instants_follow_the_plan() -> None:
     occurrences = [t for t in due_instants([], start, 300, 5, "*/2 * * * *")]
     assert [t - start for t in occurrences] == [90, 210]
     assert sum(b.jobs for b in HARD_WORKLOAD) == 620
+
+
+def test_the_least_possible_for_long_handlers_is_the_claim_and_the_outcome_write() -> None:
+    """10 handlers of 60 s enqueued at 10 s, T = 20: the compute is up for the claim (T
+    after it) and for the outcomes when the handlers end (T after them), 40 s, and may
+    sleep in between; handlers shorter than T keep it up from the claim to T after them."""
+    start = 1000.0
+    due = due_instants(LONG_WORKLOAD, start, 420, 5)
+    assert [d - start for d in due] == pytest.approx([10, 70])
+    assert least_awake(due, [], 0.0, 20.0, start, start + 420) == pytest.approx(40)
+    short = Burst("L", 10 / 420, 10, True, sleep=5.0)
+    assert least_awake(due_instants([short], start, 420, 5), [], 0.0, 20.0, start,
+                       start + 420) == pytest.approx(25)
 
 
 def test_a_resume_is_wasted_when_no_producer_and_no_handler_ran_in_it() -> None:
