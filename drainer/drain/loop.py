@@ -82,10 +82,15 @@ class Drain:
         self.finish: dict[str, Any] | None = None
         self.fin: dict[str, Any] | None = None  # finish_run's result, when it went so
 
-    def begin(self, due: list[str], plan: Plan, claimed: list[ClaimedRow]) -> None:
+    def begin(self, due: list[str], plan: Plan, claimed: list[ClaimedRow],
+              round_trip: float | None = None) -> None:
         """What the run's first Query found: the due queues, and the jobs of the first
         claim (waiting to start, their leases the heartbeat's from now on); the completions
-        may go with the run's end when the Query could carry it."""
+        may go with the run's end when the Query could carry it. ``round_trip``: the
+        Query's, timed: the claims after the first batch are sized from it (see
+        :data:`drainer.drain.clock.ADAPT_SAMPLES`)."""
+        if round_trip is not None:
+            self.clock.round_trip(round_trip)
         self.claims.known_due(due)
         if plan.finish is not None:
             self.finish = {**plan.finish, "queues": self.report.queues}
@@ -122,6 +127,13 @@ class Drain:
         """One turn of the loop while CLAIMING or DRAINED."""
         limit = self._check_limits()
         if limit is None and self.pace.claim_due(self.phase is Phase.CLAIMING):
+            if not self.handlers.in_flight() and self._may_finish():
+                # the last claim came back short: the successes go with the end of the run,
+                # not with a claim that would find nothing and then a finish of its own
+                # (two round trips and an empty claim's scan over the jobs just done)
+                self._finish()
+                if self.phase is Phase.DONE:
+                    return
             # the successes buffered so far go with the claim (one round trip, not two)
             self._claim(with_successes=self.claims.can_combine() and not self._vacuum_due())
         if self.limits.must_release():
