@@ -191,11 +191,13 @@ class Drain:
         """Write the outcomes of a finished batch (or a batch worth of them), with the next
         claim when it is due (True: this step is over); VACUUM between batches."""
         buffered = len(self.outcomes)
-        # while a batch is still being handed over, its outcomes wait for a batch worth of
-        # them: the claim's size (grown to the round trip: they then go with the next
-        # claim, not one round trip each --batch-size jobs)
-        if not buffered or (self.pending and buffered < max(self.batch_size,
-                                                             self.claims.last_size)) \
+        # while a batch is still being handed over, its outcomes wait for two batches worth
+        # of them: the claim's size (grown to the round trip: they then go with the next
+        # claim, not one round trip each --batch-size jobs), twice, since the last jobs of
+        # the batch before finish after its claim went ahead and are written with the next
+        # (at one batch's worth they were written alone once a batch)
+        if not buffered or (self.pending and buffered < 2 * max(self.batch_size,
+                                                                self.claims.last_size)) \
                 or self._holding():
             return False
         if idle and self.phase is Phase.CLAIMING and self._may_finish():
