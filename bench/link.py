@@ -57,13 +57,15 @@ class Runs:
     compute: list[float] = field(default_factory=list)  # compute-s per 1,000 jobs
     session_s: list[float] = field(default_factory=list)  # session-seconds per 1,000 jobs
     statements: list[int] = field(default_factory=list)
+    parses: list[int] = field(default_factory=list)  # Parse messages sent
     connections: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {"contender": self.name, "rtt_ms": self.rtt, "jobs_per_s": self.rates,
                 "compute_s_per_1000": self.compute, "session_s_per_1000": self.session_s,
-                "statements": self.statements, "connections": self.connections,
+                "statements": self.statements, "parses": self.parses,
+                "connections": self.connections,
                 "notes": sorted(set(self.notes))}
 
 
@@ -112,10 +114,12 @@ def link_race(entries: list[tuple[Contender, float | None]], proxies: dict[float
                 stmts = sum(s.statements for s in sessions)
                 runs.compute.append(comp / n * 1000)
                 runs.session_s.append(sess / n * 1000)
+                parses = sum(s.parses for s in sessions)
                 runs.statements.append(stmts)
+                runs.parses.append(parses)
                 runs.connections.append(len(sessions))
-                text += (f", compute {comp:.2f} s, {stmts} statements, {len(sessions)} "
-                         "connections")
+                text += (f", compute {comp:.2f} s, {stmts} statements, {parses} Parse, "
+                         f"{len(sessions)} connections")
             log(f"round {rnd + 1}/{repeat} {c.name} ({link_label(rtt)}): {text}")
     return out
 
@@ -148,17 +152,18 @@ def section_link_drain(ctx: Ctx) -> list[str]:
     lines = [f"### Drain across a link: {n:,} no-op jobs through the delay proxy "
              "(process start to exit)", "",
              "| contender | link | jobs/s (median) | min | max | runs | compute-s per 1,000 "
-             "jobs | statements | x its local rate |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "jobs | statements | Parse | x its local rate |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         note = f" ({'; '.join(sorted(set(r.notes)))})" if r.notes else ""
         comp = "n/a" if r.rtt is None else f"{_med(r.compute):.3f}"
         stm = "" if r.rtt is None else f"{_med(r.statements):,.0f}"
+        prs = "" if r.rtt is None or not r.parses else f"{_med(r.parses):,.0f}"
         ratio = _med(r.rates) / local[r.name] if local.get(r.name) else float("nan")
         lines.append(f"| {r.name}{note} | {link_label(r.rtt)} | {fmt_rate(_med(r.rates))} | "
                      f"{fmt_rate(min(r.rates, default=float('nan')))} | "
                      f"{fmt_rate(max(r.rates, default=float('nan')))} | {len(r.rates)} | "
-                     f"{comp} | {stm} | {ratio:.2f} |")
+                     f"{comp} | {stm} | {prs} | {ratio:.2f} |")
     lines.append("")
     by = {(r.name, r.rtt): r for r in runs}
     for link in [None, *ctx.rtts]:
@@ -183,8 +188,10 @@ def section_link_drain(ctx: Ctx) -> list[str]:
                   f"others {n:,}): at its rate a run of all of them takes minutes."]
     lines += ["", "compute-s: seconds during which at least one of the run's server sessions "
               "was open through the proxy (accept to close), per 1,000 jobs; statements: Query "
-              "+ Execute messages the contender sent; the proxy holds each direction RTT/2 and "
-              "a client's first bytes one more RTT (the TCP handshake)."]
+              "+ Execute messages the contender sent; Parse: the Parse messages among them "
+              "(statements parsed by the server: a prepared statement is parsed once a "
+              "session); the proxy holds each direction RTT/2 and a client's first bytes one "
+              "more RTT (the TCP handshake)."]
     return lines
 
 

@@ -508,7 +508,7 @@ def headline(d: dict[str, Any]) -> list[tuple[str, str]]:
         if isinstance(best, list) and len(best) == 3 and best[0]:
             parts.append(f"{ratio(own, best[0]):.2f}x the server's capacity "
                          f"({fmt_rate(best[0])} jobs/s: *Postgres as a job queue*'s SQL "
-                         f"under pgbench, {best[1]} clients, LIMIT {best[2]}, same run)")
+                         f"under pgbench, {_clients(best[1])}, LIMIT {best[2]}, same run)")
         parts += [f"{ratio(own, median(v)):.1f}x {name}" for name, v in drain.items()
                   if name.startswith(("pgqueuer", "procrastinate"))]
         rows.append(("no-op drain, local database, defaults", "; ".join(parts)))
@@ -517,54 +517,83 @@ def headline(d: dict[str, Any]) -> list[tuple[str, str]]:
     best = _dict(cap, "best").get("article")
     if pairs and isinstance(best, list) and len(best) == 3:
         at = [p for p in pairs if (p.get("clients"), p.get("limit")) == (best[1], best[2])]
+        by_limit: dict[int, list[str]] = {}
+        for p in sorted(pairs, key=lambda p: (p.get("limit") or 0, p.get("clients") or 0)):
+            if p.get("ratios"):
+                by_limit.setdefault(int(p.get("limit") or 0), []).append(
+                    f"{median(p['ratios']):.2f}x at {p.get('clients')}")
         if at and at[0].get("ratios"):
             rows.append(("drainer's claim + complete SQL / *Postgres as a job queue*'s, pgbench",
-                         f"{median(at[0]['ratios']):.2f}x at {best[1]} clients, LIMIT "
-                         f"{best[2]} (that SQL's best setting; same-round ratio)"))
+                         f"{median(at[0]['ratios']):.2f}x at {_clients(best[1])}, LIMIT "
+                         f"{best[2]} (that SQL's best setting; same-round ratio); "
+                         + "; ".join(f"LIMIT {limit}: " + ", ".join(cells) + " clients"
+                                     for limit, cells in by_limit.items())))
     runs = _link_runs(d)
     n_jobs = _size(d, "jobs")
     size = median(sizes.get("drainer run-once (defaults)"))
-    local_size = f" (claims of {size:,.0f} on average)" if size == size else ""
+    local_size = f", claims of {size:,.0f} on average" if size == size else ""
     local = {r["contender"]: median(r.get("jobs_per_s")) for r in runs if r.get("rtt_ms") is None}
     for r in runs:
         rtt = r.get("rtt_ms")
         if rtt is None or not r["contender"].startswith("drainer"):
             continue
         m = median(r.get("jobs_per_s"))
-        # no ratio to the local rate: the drain sizes its claims by the link, so the two
-        # rates are of different claim sizes; each is given with its own
         sent = median(r.get("statements"))
+        parses = median(r.get("parses"))
+        own_local = local.get(r["contender"], math.nan)
         parts = [f"{fmt_rate(m)} jobs/s"
                  + (f" ({n_jobs / sent:,.0f} jobs per statement sent)" if sent == sent and sent
                     and n_jobs else ""),
-                 f"local: {fmt_rate(local.get(r['contender'], math.nan))} jobs/s{local_size}",
+                 f"{ratio(m, own_local):.2f}x its local rate ({fmt_rate(own_local)} jobs/s"
+                 f"{local_size})",
                  f"{median(r.get('compute_s_per_1000')):.3f} compute-s per 1,000 jobs"]
+        if parses == parses and sent == sent and sent:
+            parts.append(f"Parse messages {parses / sent:.0%} of statements")
         parts += [f"{ratio(m, median(q.get('jobs_per_s'))):.1f}x {q['contender']}"
                   for q in runs if q.get("rtt_ms") == rtt
                   and not q["contender"].startswith("drainer")]
         rows.append((f"drain through a {rtt:g} ms RTT link", "; ".join(parts)))
     empty = [r for r in d.get("link_empty") or [] if isinstance(r, dict) and "command" in r]
     top = max((float(r.get("rtt_ms") or 0) for r in empty), default=None)
+    bare = [median(r.get("held_s")) for r in empty if r.get("rtt_ms") == top
+            and str(r["command"]).startswith("connect + close only")]
     for r in empty:
         if str(r["command"]).startswith("drainer") and r.get("rtt_ms") == top:
+            held = median(r.get("held_s"))
+            beyond = (f" ({(held - bare[0]) / (top / 1000):.1f} RTT beyond connect-only)"
+                      if bare and top else "")
             rows.append((f"empty queue at {top:g} ms RTT, {r['command'].split(', ')[-1]}",
-                         f"session held {median(r.get('held_s')):.3f} s, "
+                         f"session held {held:.3f} s{beyond}, "
                          f"{_messages(median(r.get('statements')))}"))
     io = _dict(d, "io")
     sleep = io.get("sleep_s")
     waiting = f" waiting {sleep * 1000:g} ms" if isinstance(sleep, (int, float)) else ""
-    for r in io.get("runs") or []:
-        if isinstance(r, dict) and str(r.get("contender", "")).startswith("drainer"):
+    io_runs = [r for r in io.get("runs") or [] if isinstance(r, dict)]
+    for r in io_runs:
+        if str(r.get("contender", "")).startswith("drainer"):
             m = median(r.get("jobs_per_s"))
+            bare_io = [q for q in io_runs if str(q.get("contender", "")).startswith("no queue")
+                       and (q.get("handlers"), q.get("concurrency"))
+                       == (r.get("handlers"), r.get("concurrency"))]
+            floor = (f"; {ratio(m, median(bare_io[0].get('jobs_per_s'))):.2f}x the same "
+                     "handlers with no queue, same rounds") if bare_io else ""
             rows.append((f"{r.get('handlers')} handlers{waiting}, concurrency "
                          f"{r.get('concurrency')}", f"{ratio(m, r.get('ideal_jobs_per_s')):.2f}x "
                          f"Little's law ({fmt_rate(m)} jobs/s over the handlers' window: first "
-                         "handler start to last handler end, process start and exit left out)"))
+                         "handler start to last handler end, process start and exit left out"
+                         f"{floor}; process start to exit: "
+                         f"{fmt_rate(median(r.get('wall_jobs_per_s')))} jobs/s)"))
     points = batch_points(d)
     if points:
         rows.append(("batch-size curve, drainer / its own SQL under 1 pgbench client at "
                      "the same claim size",
                      ", ".join(f"{ratio(x, c):.2f}x at {b}" for b, x, c in points)))
+        default = median(_dict(d, "batch").get("drainer, defaults"))
+        top_b, top_x, _c = max(points, key=lambda p: p[1])
+        if default == default:
+            rows.append(("default drain / the best `--batch-size` of the curve",
+                         f"{ratio(default, top_x):.2f}x ({fmt_rate(default)} jobs/s against "
+                         f"{fmt_rate(top_x)} at --batch-size {top_b}, same run)"))
     enq = _dict(d, "enqueue")
     raw = median(enq.get("one raw COPY"))
     if raw == raw:
@@ -573,6 +602,10 @@ def headline(d: dict[str, Any]) -> list[tuple[str, str]]:
                  for k, v in enq.items() if k.startswith("enqueue_many")]
         rows.append(("`enqueue_many` against one raw COPY", ", ".join(parts)))
     return rows
+
+
+def _clients(n: object) -> str:
+    return f"{n} client" + ("" if n == 1 else "s")
 
 
 def ratio(a: float, b: object) -> float:
