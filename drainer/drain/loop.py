@@ -134,8 +134,10 @@ class Drain:
                 self._finish()
                 if self.phase is Phase.DONE:
                     return
-            # the successes buffered so far go with the claim (one round trip, not two)
-            self._claim(with_successes=self.claims.can_combine() and not self._vacuum_due())
+            if not self._fill_window():
+                # the successes buffered so far go with the claim (one round trip, not two)
+                self._claim(with_successes=self.claims.can_combine()
+                            and not self._vacuum_due())
         if self.limits.must_release():
             # shutdown, or past the deadline: claimed jobs that have not started go back at
             # once (running a whole batch could overrun a platform limit)
@@ -205,7 +207,8 @@ class Drain:
             return True
         if idle and self.phase is Phase.CLAIMING and self.claims.can_combine() \
                 and not self._vacuum_due() and self._check_limits() is None:
-            self._claim(with_successes=True)  # one round trip
+            if not self._fill_window():
+                self._claim(with_successes=True)  # one round trip
             return True
         self.outcomes.write()
         self._show_progress()
@@ -274,6 +277,17 @@ class Drain:
         return (self.phase is Phase.CLAIMING and self.clock.fast()
                 and self.claims.can_send_ahead() and not self._vacuum_due()
                 and self._check_limits() is None)
+
+    def _fill_window(self) -> bool:
+        """Nothing runs and claims may go ahead: as many as the claims' window holds go out
+        at once, the successes with the first (the loop reads them back, the first at
+        once), so that the round trip that brings the next claim brings those behind it
+        too (10 ms away the pipeline was full one round trip later). False: none went."""
+        if self.handlers.in_flight() or not self._may_send_ahead():
+            return False
+        while self._may_send_ahead():
+            self.outcomes.send_ahead(self.claims.next(ahead=True))
+        return True
 
     def _claim(self, *, with_successes: bool = False) -> None:
         batch: Batch
