@@ -123,7 +123,8 @@ def _cycle(run: _Run, limits: SettingLimits) -> None:
             plan = plan.without_first()  # past the deadline while connecting: claim nothing
         sent = time.monotonic()
         found = start.send(q, plan)
-        checks.short_leases(settings, registry, report, time.monotonic() - sent)
+        first_round_trip = time.monotonic() - sent
+        checks.short_leases(settings, registry, report, first_round_trip)
         check_version(q, found.version, plan.latest)
         due = run.started(found)
         if schedules.definitions:
@@ -135,7 +136,7 @@ def _cycle(run: _Run, limits: SettingLimits) -> None:
         if report.queues and due:
             drain = run.drain = build(settings, registry, q, report, run.limits,
                                       run.hurry, run.progress, tasks, tracing)
-            drain.begin(due, plan, found.claimed)
+            drain.begin(due, plan, found.claimed, first_round_trip)
             with collector.fewer_collections():
                 drain.run()
             run.fin = drain.fin

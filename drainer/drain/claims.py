@@ -125,8 +125,11 @@ class Claims:
         if task.rate_limit is not None:  # only what starts at once: a slot is a start
             batch = min(batch, self.start_now())
         # claims in flight hold at most `depth` claims of this size (one before the round
-        # trip and the handlers' speed are measured), and never more than MAX_CLAIM jobs
-        window = max(batch, min(MAX_CLAIM, batch * self.clock.depth(batch, self.depth)))
+        # trip and the handlers' speed are measured), MAX_CLAIM jobs or, when more, what
+        # the handlers run in half the clock's limit: 10 ms away, 1,024 no-op jobs run
+        # out before a claim sent behind them is back and the handlers wait for the link
+        most = max(MAX_CLAIM, self.clock.within_half_limit())
+        window = max(batch, min(most, batch * self.clock.depth(batch, self.depth)))
         return claim_size(batch, self.max_jobs, self.report.claimed,
                           self.outcomes.ahead_size(), window)
 

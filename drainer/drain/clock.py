@@ -9,9 +9,14 @@ import math
 #: takes at most this long.
 PIPELINE_MAX_BATCH_S = 0.1
 
-#: Claims are sized from the work once ADAPT_SAMPLES claims have been timed (before: the
-#: configured batch size).
-ADAPT_SAMPLES = 5
+#: Claims are sized from the work once ADAPT_SAMPLES round trips have been timed (before:
+#: the configured batch size). One: the run's first Query counts (its round trip, the
+#: server's time included, is an upper bound of a claim's, and the fastest timed since
+#: is what sizes claims), so that a claim 10 ms away grows after the first batch, not
+#: after five round trips of 10 jobs (half of a 20,000-job drain's extra time across the
+#: link); an overestimate only makes the next claims larger, within the bounds, where the
+#: local curve of --batch-size is flat.
+ADAPT_SAMPLES = 1
 
 #: A claim grows until its jobs take this many of its round trips to run (the fastest claim
 #: timed, the server's time included), on any connection: a round trip is then at most
@@ -84,6 +89,13 @@ class BatchClock:
         batch_s = size * self.per_job
         want = math.ceil(2 * self.rtt / batch_s)
         return max(1, min(most, want, int(self.limit / batch_s)))
+
+    def within_half_limit(self) -> int:
+        """The jobs the handlers run in half the ``limit`` at the measured speed (0 before a
+        batch is measured): what claims in flight may hold when a round trip takes longer
+        than MAX_CLAIM jobs run (across a link), since no job claimed ahead then waits
+        longer than that for its handler."""
+        return int(self.limit / 2 / self.per_job) if self.measured() and self.per_job else 0
 
     def runs_out(self, waiting: int) -> bool:
         """Whether ``waiting`` jobs (claimed, not started) run out within two measured round

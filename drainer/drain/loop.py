@@ -82,10 +82,15 @@ class Drain:
         self.finish: dict[str, Any] | None = None
         self.fin: dict[str, Any] | None = None  # finish_run's result, when it went so
 
-    def begin(self, due: list[str], plan: Plan, claimed: list[ClaimedRow]) -> None:
+    def begin(self, due: list[str], plan: Plan, claimed: list[ClaimedRow],
+              round_trip: float | None = None) -> None:
         """What the run's first Query found: the due queues, and the jobs of the first
         claim (waiting to start, their leases the heartbeat's from now on); the completions
-        may go with the run's end when the Query could carry it."""
+        may go with the run's end when the Query could carry it. ``round_trip``: the
+        Query's, timed: the claims after the first batch are sized from it (see
+        :data:`drainer.drain.clock.ADAPT_SAMPLES`)."""
+        if round_trip is not None:
+            self.clock.round_trip(round_trip)
         self.claims.known_due(due)
         if plan.finish is not None:
             self.finish = {**plan.finish, "queues": self.report.queues}
@@ -122,8 +127,17 @@ class Drain:
         """One turn of the loop while CLAIMING or DRAINED."""
         limit = self._check_limits()
         if limit is None and self.pace.claim_due(self.phase is Phase.CLAIMING):
-            # the successes buffered so far go with the claim (one round trip, not two)
-            self._claim(with_successes=self.claims.can_combine() and not self._vacuum_due())
+            if not self.handlers.in_flight() and self._may_finish():
+                # the last claim came back short: the successes go with the end of the run,
+                # not with a claim that would find nothing and then a finish of its own
+                # (two round trips and an empty claim's scan over the jobs just done)
+                self._finish()
+                if self.phase is Phase.DONE:
+                    return
+            if not self._fill_window():
+                # the successes buffered so far go with the claim (one round trip, not two)
+                self._claim(with_successes=self.claims.can_combine()
+                            and not self._vacuum_due())
         if self.limits.must_release():
             # shutdown, or past the deadline: claimed jobs that have not started go back at
             # once (running a whole batch could overrun a platform limit)
@@ -179,11 +193,13 @@ class Drain:
         """Write the outcomes of a finished batch (or a batch worth of them), with the next
         claim when it is due (True: this step is over); VACUUM between batches."""
         buffered = len(self.outcomes)
-        # while a batch is still being handed over, its outcomes wait for a batch worth of
-        # them: the claim's size (grown to the round trip: they then go with the next
-        # claim, not one round trip each --batch-size jobs)
-        if not buffered or (self.pending and buffered < max(self.batch_size,
-                                                             self.claims.last_size)) \
+        # while a batch is still being handed over, its outcomes wait for two batches worth
+        # of them: the claim's size (grown to the round trip: they then go with the next
+        # claim, not one round trip each --batch-size jobs), twice, since the last jobs of
+        # the batch before finish after its claim went ahead and are written with the next
+        # (at one batch's worth they were written alone once a batch)
+        if not buffered or (self.pending and buffered < 2 * max(self.batch_size,
+                                                                self.claims.last_size)) \
                 or self._holding():
             return False
         if idle and self.phase is Phase.CLAIMING and self._may_finish():
@@ -191,7 +207,8 @@ class Drain:
             return True
         if idle and self.phase is Phase.CLAIMING and self.claims.can_combine() \
                 and not self._vacuum_due() and self._check_limits() is None:
-            self._claim(with_successes=True)  # one round trip
+            if not self._fill_window():
+                self._claim(with_successes=True)  # one round trip
             return True
         self.outcomes.write()
         self._show_progress()
@@ -260,6 +277,17 @@ class Drain:
         return (self.phase is Phase.CLAIMING and self.clock.fast()
                 and self.claims.can_send_ahead() and not self._vacuum_due()
                 and self._check_limits() is None)
+
+    def _fill_window(self) -> bool:
+        """Nothing runs and claims may go ahead: as many as the claims' window holds go out
+        at once, the successes with the first (the loop reads them back, the first at
+        once), so that the round trip that brings the next claim brings those behind it
+        too (10 ms away the pipeline was full one round trip later). False: none went."""
+        if self.handlers.in_flight() or not self._may_send_ahead():
+            return False
+        while self._may_send_ahead():
+            self.outcomes.send_ahead(self.claims.next(ahead=True))
+        return True
 
     def _claim(self, *, with_successes: bool = False) -> None:
         batch: Batch

@@ -253,7 +253,11 @@ def test_a_prepared_statement_clash_through_the_pooler_is_a_config_error(
     }
     for name in commands:
         migrate(conn, schema, name.replace("-", "_"))
-        enqueue_many(conn, [JobSpec("rec", done_long_ago if name == "purge" else {"n": i})
+        # 20 ms jobs: claims stay at a job or two (what runs in half the clock's limit), so
+        # that a drain repeats its claim often enough for psycopg to prepare it; no-op jobs
+        # grow the second claim to the whole queue
+        enqueue_many(conn, [JobSpec("rec", done_long_ago if name == "purge"
+                                    else {"n": i, "sleep": 0.02})
                             for i in range(JOBS)], schema=schema, table=name.replace("-", "_"))
     conn.execute(sql.SQL("UPDATE {} SET status = 'done', finished_at = now() - interval '2h'"
                          ).format(sql.Identifier(schema, "purge")))

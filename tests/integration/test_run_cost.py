@@ -460,12 +460,12 @@ def test_a_drain_parses_its_statements_once(
     # handlers of 0.5 ms: claims stay near --batch-size (no-op jobs grow them to a few
     # hundred, and a drain of 400 is then a handful of statements)
     registry.task("a")(lambda job: time.sleep(0.0005))
-    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'a' FROM generate_series(1, 1000)")
+    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'a' FROM generate_series(1, 1500)")
                  .format(_jobs(migrated)))
     settings = make_settings(pg_url, migrated.schema_name, batch_size=10,
                              prepared_statements=prepared)
     report = run_once(settings, registry=registry)
-    assert report.succeeded == 1000
+    assert report.succeeded == 1500
     path = traced[0][1]
     statements = len(_sent(path))
     assert statements >= 50  # many claims, or the ratio below says little
@@ -484,3 +484,23 @@ def test_drainer_sessions_do_not_jit_compile(pg_url: str, migrated: Settings) ->
     plain = make_settings(pg_url, migrated.schema_name, session_options=False)
     with db.connect(plain) as work, psycopg.connect(pg_url) as other:
         assert work.execute("SHOW jit").fetchone() == other.execute("SHOW jit").fetchone()
+
+
+def test_a_drain_whose_last_claim_comes_back_short_ends_with_its_successes(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]]) -> None:
+    """The claims in flight came back short (the queue is dry): the successes still
+    buffered go with the end of the run, one statement after the last pipelined one, not
+    with a claim that finds nothing and a finish_run of its own."""
+    registry.task("a")(lambda job: None)
+    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'a' FROM generate_series(1, 3000)")
+                 .format(_jobs(migrated)))
+    report = run_once(migrated, registry=registry)
+    assert report.succeeded == 3000 and report.archived == 0
+    path = traced[0][1]
+    sent = _sent(path)
+    # the end: one Query (completions + finish_run) after the pipeline's Executes; before,
+    # an Execute (the completions with a claim that found nothing), then finish_run's Query
+    assert [m.split("\t")[1][:7] for m in sent[-2:]] == ["Execute", "Query"], sent[-2:]
+    assert "finish_run" in sent[-1] or "archive" in sent[-1].lower(), sent[-1][:300]
+    assert sum(1 for m in sent if m.split("\t")[1].startswith("Query")) == 2  # start, end

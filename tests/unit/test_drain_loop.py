@@ -530,3 +530,33 @@ def test_wait_takes_what_is_queued_once_it_has_enough_not_what_keeps_coming() ->
     h.done_q = trickle  # type: ignore[assignment]
     h.wait(0.05, want=250)
     assert 250 <= trickle.taken <= 251, trickle.taken
+
+
+def test_with_nothing_running_the_claims_the_window_holds_go_out_together() -> None:
+    """10 ms away, measured, nothing running (the first batch done): the next claims go
+    out ahead together, the successes with the first, instead of one claim in step and
+    the others once it is back; and claims in flight hold more than MAX_CLAIM jobs when
+    the handlers run that many within half the clock's limit."""
+    from drainer.drain.claims import MAX_CLAIM
+
+    jobs = FakeJobs()
+    jobs.add("a", 6000)
+    d, sizes = _timed_drain(jobs, 0.01, 0.000005)  # 512 jobs run in 2.6 ms: 4 in flight
+    d.claims.depth = 4
+    in_flight: list[int] = []
+    send = jobs.send
+
+    def counted(*args: Any, **kw: Any) -> None:
+        send(*args, **kw)
+        in_flight.append(jobs.in_flight)
+
+    jobs.send = counted  # type: ignore[method-assign]
+    d.run()
+    assert jobs.statuses() == {"done": 6000} and d.report.succeeded == 6000
+    # in step: the first claim (nothing measured before it runs) and the last successes
+    # with a claim that finds nothing (this loop has no end of the run to carry them);
+    # every claim between went ahead
+    assert [s for s in jobs.sent if s != "send"] == ["claim_batch", "complete_many_and_claim"]
+    assert jobs.sent[-1] == "complete_many_and_claim"
+    assert max(in_flight) >= 3
+    assert max(in_flight) * max(sizes) > MAX_CLAIM

@@ -339,11 +339,15 @@ def test_claim_size_adapts_to_the_measured_work_within_bounds() -> None:
     for _ in range(10):
         clock.start(0.0)
     clock.finish(0.001)  # 10 jobs in 1 ms: 0.1 ms a job
-    clock.round_trip(0.012)
-    clock.round_trip(0.010)  # the fastest round trip counts
-    assert clock.adapted(10, 1024) == 10  # not before ADAPT_SAMPLES round trips
-    for _ in range(ADAPT_SAMPLES - 2):
-        clock.round_trip(0.011)
+    assert clock.adapted(10, 1024) == 10  # no round trip timed yet
+    for _ in range(ADAPT_SAMPLES):
+        clock.round_trip(0.040)  # the run's first Query, the server's time included
+    assert clock.adapted(10, 1024) == 500  # 8 x 40 ms of work: half the limit already
+    clock.round_trip(0.0005)  # the fastest round trip counts: a claim, locally
+    assert clock.adapted(10, 1024) == 41  # 8 x 0.5 ms / 0.1 ms
+    clock.round_trip(0.010)
+    assert clock.adapted(10, 1024) == 41  # a slower round trip since changes nothing
+    clock.rtt = 0.010
     # BATCH_ROUND_TRIPS round trips of work (8 x 10 ms / 0.1 ms), within half the limit
     assert clock.adapted(10, 1024) == min(int(BATCH_ROUND_TRIPS * 100) + 1, 500) == 500
     assert clock.adapted(10, 150) == 150  # never more than the cap
