@@ -227,6 +227,15 @@ def _sessions_left(server: str, dbname: str) -> int:
     return int(row[0])
 
 
+def _process_start(stdout: str) -> float | None:
+    """The run report's process_start_s (its last line), or None: not a drainer run."""
+    try:
+        value = json.loads(stdout.strip().splitlines()[-1])["process_start_s"]
+    except (ValueError, IndexError, KeyError, TypeError):
+        return None
+    return float(value) if isinstance(value, int | float) else None
+
+
 def section_cold(ctx: Ctx) -> list[str]:
     db_name = f"{ctx.database}_cold"  # as the peers' databases: two --database never share
     db = ensure_database(ctx.server, db_name)
@@ -264,6 +273,7 @@ def section_cold(ctx: Ctx) -> list[str]:
     xacts: dict[str, list[int]] = {name: [] for name, *_ in runs}
     conns: dict[str, list[int]] = {name: [] for name, *_ in runs}
     left: dict[str, list[int]] = {name: [] for name, *_ in runs}
+    to_connect: dict[str, list[float]] = {name: [] for name, *_ in runs}
     reps = ctx.cold_repeat
     for rnd in range(reps):
         k = rnd % len(runs)
@@ -279,25 +289,35 @@ def section_cold(ctx: Ctx) -> list[str]:
             xacts[name].append(x1 - x0)
             conns[name].append(s1 - s0)
             left[name].append(_sessions_left(ctx.server, dbname))
+            start = _process_start(timed.stdout)
+            if start is not None:
+                to_connect[name].append(start)
     base = statistics.median(walls[runs[0][0]])
     lines = ["### Empty queue: cold start (process start to exit)", "",
-             "| command | wall s (median) | min | max | x connect-only | transactions | "
-             "connections opened | sessions left |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| command | wall s (median) | min | max | x connect-only | process start to "
+             "connect s (median) | transactions | connections opened | sessions left |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, *_ in runs:
         w = walls[name]
         if not w:
-            lines.append(f"| {name} | failed | | | | | | |")
+            lines.append(f"| {name} | failed | | | | | | | |")
             continue
+        c = to_connect[name]
+        shown = f"{statistics.median(c):.3f}" if c else "n/a"
         lines.append(
             f"| {name} | {statistics.median(w):.3f} | {min(w):.3f} | {max(w):.3f} | "
-            f"{statistics.median(w) / base:.2f} | {statistics.median(xacts[name]):.0f} | "
+            f"{statistics.median(w) / base:.2f} | {shown} | "
+            f"{statistics.median(xacts[name]):.0f} | "
             f"{statistics.median(conns[name]):.0f} | {max(left[name])} |")
     lines += ["", "transactions: delta of xact_commit + xact_rollback in pg_stat_database "
               "(each autocommit statement is one); connections: delta of "
               "pg_stat_database.sessions; sessions left: client backends on the database "
-              "0.3 s after exit."]
+              "0.3 s after exit; process start to connect: the run report's "
+              "process_start_s (the interpreter, the imports, the settings and the app, "
+              "from the process start the OS gives to the connect; n/a: the command does not "
+              "report it)."]
     ctx.results["cold"] = {"wall": walls, "xacts": xacts, "connections": conns,
-                           "left": left}
+                           "left": left, "process_start": to_connect}
     return lines
 
 

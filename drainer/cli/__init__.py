@@ -12,18 +12,19 @@ status, ui, fleet), each command with a ``configure_<command>(subparsers)`` that
 flags and ``set_defaults(func=...)``. This package is the only place that parses flags,
 prints (text tables and lines included: the library returns data), and turns errors into exit
 codes; the command functions import the library when they run, so a short command never
-loads APScheduler or the HTTP server.
+loads APScheduler or the HTTP server, and ``drainer run-once`` imports the module of its own
+command only (:func:`build_parser`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
 
 from drainer._redact import redact
-from drainer.cli import control, enqueue, fleet, jobs, run, schedule, schema, status, ui, wake
 from drainer.cli._base import SCOPES as _SCOPES
 from drainer.cli._base import Parser, settings_from_args
 from drainer.errors import (
@@ -38,28 +39,31 @@ __all__ = ["build_parser", "entrypoint", "main", "settings_from_args"]
 
 logger = logging.getLogger("drainer.cli")
 
-#: The commands in the order ``drainer --help`` lists them (the keys of _SCOPES).
+#: The commands in the order ``drainer --help`` lists them (the keys of _SCOPES): the module
+#: in drainer/cli/ and the function that adds the command's parser. By name: a run imports
+#: the module of its command only, not the other nine and what they import (a share of
+#: every cold start, a cron run or a serverless invocation).
 _CONFIGURE = (
-    schema.configure_migrate,
-    enqueue.configure_enqueue,
-    status.configure_status,
-    run.configure_run_once,
-    run.configure_demo,
-    schedule.configure_schedule,
-    wake.configure_next_wake,
-    wake.configure_serve,
-    run.configure_worker,
-    status.configure_audit,
-    jobs.configure_jobs,
-    jobs.configure_show,
-    control.configure_retry,
-    control.configure_cancel,
-    control.configure_purge,
-    control.configure_pause,
-    control.configure_resume,
-    control.configure_limit,
-    ui.configure_ui,
-    fleet.configure_fleet,
+    ("schema", "configure_migrate"),
+    ("enqueue", "configure_enqueue"),
+    ("status", "configure_status"),
+    ("run", "configure_run_once"),
+    ("run", "configure_demo"),
+    ("schedule", "configure_schedule"),
+    ("wake", "configure_next_wake"),
+    ("wake", "configure_serve"),
+    ("run", "configure_worker"),
+    ("status", "configure_audit"),
+    ("jobs", "configure_jobs"),
+    ("jobs", "configure_show"),
+    ("control", "configure_retry"),
+    ("control", "configure_cancel"),
+    ("control", "configure_purge"),
+    ("control", "configure_pause"),
+    ("control", "configure_resume"),
+    ("control", "configure_limit"),
+    ("ui", "configure_ui"),
+    ("fleet", "configure_fleet"),
 )
 assert len(_CONFIGURE) == len(_SCOPES)
 
@@ -87,9 +91,9 @@ def build_parser(command: str | None = None, *, prog: str = "drainer") -> Parser
 
     parser.add_argument("--version", action="version", version=f"drainer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name, configure in zip(_SCOPES, _CONFIGURE, strict=True):
+    for name, (module, configure) in zip(_SCOPES, _CONFIGURE, strict=True):
         if command is None or command == name:
-            configure(sub)
+            getattr(importlib.import_module(f"drainer.cli.{module}"), configure)(sub)
     return parser
 
 

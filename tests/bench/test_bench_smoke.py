@@ -54,6 +54,11 @@ def test_bench_smoke_prints_the_tables(pg_url: str, bench_db: str, tmp_path: Pat
         assert len(values) == 1, name
     assert results["cold"]["left"]["drainer run-once"] == [0]
     assert results["cold"]["connections"]["drainer run-once"] == [1]
+    # the run report's process start to connect, within the run's own wall
+    [start] = results["cold"]["process_start"]["drainer run-once"]
+    [wall] = results["cold"]["wall"]["drainer run-once"]
+    assert 0 < start < wall
+    assert results["cold"]["process_start"]["plain psycopg loop"] == []
     # the docs' charts are drawn from this JSON as it is written now
     assert plots.main([str(out.with_suffix(".json")), "--charts-only", "--out",
                        str(tmp_path / "charts")]) == 0

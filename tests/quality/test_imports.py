@@ -138,3 +138,44 @@ def test_cron_and_the_wake_schedule_import_no_apscheduler() -> None:
         "w.WakeSchedule(cron='@daily', timezone=d.timezone.utc).min_gap()\n"
         "print(sorted(m for m in sys.modules if m.startswith('apscheduler')))\n")
     assert out == "[]"
+
+
+#: What ``drainer run-once`` loads before it connects, beyond the drain itself: the CLI's
+#: parser and its run command, the settings, the app, psycopg and pydantic(-settings).
+RUN_ONCE_MODULES = ("drainer", "drainer._pyproject", "drainer._redact", "drainer._signals",
+                    "drainer.app", "drainer.cli", "drainer.cli._base", "drainer.cli._output",
+                    "drainer.cli._progress", "drainer.cli.run", "drainer.errors",
+                    "drainer.job", "drainer.logs", "drainer.migrate", "drainer.otel",
+                    "drainer.process", "drainer.queue_limits", "drainer.recurring",
+                    "drainer.registry", "drainer.settings", "drainer.waking")
+RUN_ONCE_PACKAGES = ("drainer.db", "drainer.drain", "drainer.maintenance")
+#: Never before a run-once connects: the other commands' parts and optional extras.
+NOT_FOR_RUN_ONCE = ("apscheduler", "opentelemetry", "prometheus_client", "psycopg_pool",
+                    "http.server", "jinja2", "boto3")
+
+
+def test_run_once_imports_only_what_it_runs_before_connecting(tmp_path: Path) -> None:
+    """Every cold start (a cron run, a serverless invocation) pays its imports before the
+    session opens: the other commands' modules (fleet, ui, audit, the scheduler, the HTTP
+    server, ops, the producer) stay out. The real command line, stopped where it connects."""
+    seen = tmp_path / "modules"
+    _fresh(
+        "import os, sys\n"
+        "import drainer.db\n"
+        "def connect(*args, **kwargs):\n"
+        f"    open({str(seen)!r}, 'w').write(' '.join(sorted(sys.modules)))\n"
+        "    os._exit(0)\n"
+        "drainer.db.connect = connect\n"
+        "from drainer.cli import main\n"
+        "main(['run-once', '--app', 'sample_jobs'])\n",
+        env={"DRAINER_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+             "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'apps'}"})
+    loaded = seen.read_text().split()
+    assert "drainer.drain" in loaded and "sample_jobs" in loaded  # it got as far as connect
+    extra = [m for m in loaded if m.split(".")[0] == "drainer" and m not in RUN_ONCE_MODULES
+             and not m.startswith(tuple(f"{p}." for p in RUN_ONCE_PACKAGES))
+             and m not in RUN_ONCE_PACKAGES]
+    assert not extra, extra
+    heavy = [m for m in loaded if m in NOT_FOR_RUN_ONCE or m.startswith(
+        tuple(f"{p}." for p in NOT_FOR_RUN_ONCE))]
+    assert not heavy, heavy
