@@ -62,20 +62,18 @@ def pgbench_script(url: str, schema: str, queue: str, batch: int) -> str:
         literal = sql.Literal(queue).as_string(conn)
     # the claim as the drain sends it in step (every job starts at once, one run id), the
     # completion as it sends it for handlers that return nothing and enqueue nothing
-    # (drainer.db.encoders.completion_params: an empty results array, no follow-ups, the
-    # status 'running' a parameter, here a variable the claim's \gset sets)
+    # (drainer.db.encoders.completion_params: an empty results array, no follow-ups)
     claim = (claim.replace("%(queue)s", literal).replace("%(batch_size)s", ":batch")
              .replace("%(lease)s", ":lease").replace("%(start_now)s", ":batch")
              .replace("%(run_id)s", "'run-0123456789abcdef'"))
     complete = (complete.replace("%(ids)s", ":ids").replace("%(fences)s", ":fences")
-                .replace("%(results)s", "'{}'").replace("%(followups)s", "'[]'")
-                .replace("%(running)s", ":running"))
+                .replace("%(results)s", "'{}'").replace("%(followups)s", "'[]'"))
     return (
         f"\\set batch {batch}\n"
         "\\set lease 300\n"
         f"WITH c AS (\n{claim}\n)\n"
         "SELECT coalesce(array_agg(id), '{}') AS ids, "
-        "coalesce(array_agg(fence), '{}') AS fences, 'running' AS running FROM c\n"
+        "coalesce(array_agg(fence), '{}') AS fences FROM c\n"
         "\\gset\n"
         f"{complete};\n"
     )

@@ -25,8 +25,7 @@ def main(dsn: str, schema: str, batch: int = 10) -> int:
                 break
             conn.execute(complete, {"ids": [r[0] for r in rows],
                                     "fences": [r[8] for r in rows],
-                                    "results": [None] * len(rows), "followups": "[]",
-                                    "running": "running"})
+                                    "results": [None] * len(rows), "followups": "[]"})
             done += len(rows)
     print(done)
     return 0

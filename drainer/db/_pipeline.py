@@ -86,7 +86,7 @@ class ClaimPipeline:
         values: dict[str, bytes | None] = {
             "ids": ints_text(ids).encode(), "fences": ints_text(fences).encode(),
             "results": results_text(results).encode(),
-            "followups": (followups or "[]").encode(self.encoding), "running": b"running",
+            "followups": (followups or "[]").encode(self.encoding),
             "queue": queue.encode(self.encoding), "batch_size": str(int(batch_size)).encode(),
             "lease": repr(float(lease)).encode(),
             "start_now": str(how_many_start(start_now, batch_size)).encode(),

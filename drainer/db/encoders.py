@@ -54,11 +54,9 @@ def completion_params(ids: Sequence[int], fences: Sequence[int],
                        results: Sequence[str | None] | None, followups: str | None
                        ) -> dict[str, str]:
     """The parameters every completion statement takes (complete_many and the statements
-    built on it): ids, fences and results as array text, the follow-ups as a JSON array,
-    and the status a job must still have ('running', a parameter: see queries.sql)."""
+    built on it): ids, fences and results as array text, the follow-ups as a JSON array."""
     return {"ids": ints_text(ids), "fences": ints_text(fences),
-            "results": results_text(results), "followups": followups or "[]",
-            "running": "running"}
+            "results": results_text(results), "followups": followups or "[]"}
 
 
 def counts(value: Any) -> dict[str, int]:

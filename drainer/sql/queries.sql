@@ -182,18 +182,29 @@ SELECT c.*,
          AS rate_limited
 FROM room LEFT JOIN claimed c ON true;
 
--- fragment: completion(running)
+-- fragment: fenced
+-- The WHERE of an outcome written to claimed jobs (the rows o(id, fence, ...) of an unnest of
+-- the ids and fences): each job still running under the fence its claim returned. The
+-- status is compared with (SELECT 'running'), an InitPlan whose value no plan sees (a custom
+-- plan replaces a parameter with its value, and a literal is seen by both): a plan that
+-- sees 'running' proves the lease index's predicate (WHERE status = 'running') and may walk
+-- that index, comparing every running row with every id; with the InitPlan the rows are
+-- found by primary key, one probe an id, in the custom plan and the generic one alike.
+-- Measured under pgbench -M prepared (bench/capacity.py, LIMIT 10, one client): the
+-- completion's custom plan, re-planned at every execution, walked the lease index; with the
+-- InitPlan the generic plan is kept and probes the primary key (0.61 -> 0.44 ms).
+WHERE j.id = o.id AND j.status = (SELECT 'running'::text) AND j.fence = o.fence
+
+-- fragment: completion
 -- Jobs succeeded, fenced: done, each with what its handler returned (NULL for nothing),
 -- the ids written returned; an earlier attempt's error ('lease expired', 'cancelled', a
--- traceback) is cleared: it would read as this run's outcome. $running is the status a
--- job must still have, 'running': see complete_many_and_claim for why the statements
--- send it as a parameter.
+-- traceback) is cleared: it would read as this run's outcome.
 UPDATE {jobs} j
 SET status = 'done', locked_until = NULL, finished_at = now(), result = o.result,
     last_error = NULL
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(results)s::jsonb[])
   AS o(id, fence, result)
-WHERE j.id = o.id AND j.status = $running AND j.fence = o.fence
+@fenced
 RETURNING j.id
 
 -- fragment: dedup_skip
@@ -219,13 +230,12 @@ RETURNING 1
 
 -- name: complete_many
 -- A batch of jobs succeeded: one statement for all of them, with their follow-ups. Returns
--- the ids written. The status 'running' is a parameter, as in complete_many_and_claim (see
--- there): psycopg prepares a statement run often, and with a literal the generic plan
--- walks the lease index and compares every running row with every id (measured under
--- pgbench -M prepared: a claim of 1,000 and its completion at 2,000 jobs/s where the
--- same SQL planned by primary key did 25,000).
+-- the ids written. Found by primary key (see fenced): psycopg prepares a statement run
+-- often, and a plan that walks the lease index compares every running row with every id
+-- (measured under pgbench -M prepared: a claim of 1,000 and its completion at 2,000 jobs/s
+-- where the same SQL planned by primary key did 25,000).
 WITH done AS (
-  @completion(running => %(running)s::text)
+  @completion
 ), followed AS (
   @follow_up_insert
 )
@@ -247,16 +257,15 @@ SELECT id FROM done;
 -- cycle was seen as "deadlock detected". Completion first, the only statement that can wait
 -- is one that holds no such lock yet, and the claim part (SKIP LOCKED) never waits.
 --
--- The status of the completion is a parameter, always 'running': as a generic plan (the
--- pipelined drain asks for one) a literal lets the planner use the lease index
--- (WHERE status = 'running') and join every running row with every completed id, which
--- costs running x batch comparisons (measured: 13 ms for a batch of 200 with 400 running);
--- with a parameter the rows are found by primary key, one probe per id.
+-- The completion finds its rows by primary key (see fenced): as a generic plan (the
+-- pipelined drain asks for one) a literal 'running' let the planner use the lease index
+-- and join every running row with every completed id, which costs running x batch
+-- comparisons (measured: 13 ms for a batch of 200 with 400 running).
 --
 -- The 'done' rows carry a NULL for each column of a claimed row: a column added to
 -- claim_update's RETURNING and not here fails the UNION at once.
 WITH done AS (
-  @completion(running => %(running)s::text)
+  @completion
 ), followed AS (
   @follow_up_insert
 ), @claim_next(queue => %(queue)s, limit => %(batch_size)s),
@@ -287,7 +296,7 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
 WITH done AS (
   DELETE FROM {jobs} j
   USING unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS o(id, fence)
-  WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
+  @fenced
   RETURNING j.id
 ), followed AS (
   @follow_up_insert
@@ -322,7 +331,7 @@ SET status       = CASE WHEN j.attempts >= coalesce(o.max_attempts, j.max_attemp
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(errors)s::text[],
             %(max_attempts)s::int[], %(bases)s::float8[], %(caps)s::float8[],
             %(jitters)s::float8[]) AS o(id, fence, error, max_attempts, base, cap, jitter)
-WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
+@fenced
 RETURNING j.id, j.status, j.run_at;
 
 -- name: snooze_many
@@ -342,7 +351,7 @@ SET status       = 'queued',
     snoozed_at   = now()
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(seconds)s::float8[])
   AS o(id, fence, seconds)
-WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
+@fenced
 RETURNING j.id, j.run_at;
 
 -- name: extend_many
@@ -352,7 +361,7 @@ UPDATE {jobs} j
 SET locked_until = now() + make_interval(secs => o.lease)
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(leases)s::float8[])
   AS o(id, fence, lease)
-WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
+@fenced
 RETURNING j.id, j.locked_until;
 
 -- name: release_many
@@ -361,7 +370,7 @@ RETURNING j.id, j.locked_until;
 UPDATE {jobs} j
 SET status = 'queued', attempts = j.attempts - 1, locked_until = NULL, charged = false
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS o(id, fence)
-WHERE j.id = o.id AND j.status = 'running' AND j.fence = o.fence
+@fenced
 RETURNING j.id;
 
 -- name: lock_running
