@@ -203,3 +203,24 @@ def test_outcomes_find_their_rows_by_primary_key_in_custom_and_generic_plans(
         used = {n.get("Index Name") for _p, n in _nodes(plan)}
         assert f"{loaded.table}_lease_idx" not in used, (where, used)
         assert f"{loaded.table}_pkey" in used, (where, used)
+
+
+def test_a_prepared_claim_and_completion_keep_the_generic_plan(
+        loaded: Settings, conn: psycopg.Connection[Any]) -> None:
+    """claim_batch and complete_many as the drain sends them in step (psycopg prepares a
+    statement at its fifth execution): after the server's first five custom plans, the
+    generic plan is kept, not planned again at every execution. With LIMIT as a plain
+    parameter the custom plan always looked cheaper, and the claim was planned every time
+    (0.18 ms of its 0.72 ms under pgbench -M prepared at LIMIT 10)."""
+    q = Queries(conn, loaded.schema_name, loaded.table)
+    for _ in range(15):
+        rows = q.claim_batch(QUEUES[2], 10, 300.0, run_id="test")
+        assert len(rows) == 10
+        assert q.complete_many([r.id for r in rows], [r.fence for r in rows]) == \
+            {r.id for r in rows}
+    plans = {("claim" if "FOR UPDATE SKIP LOCKED" in text else "completion"): (generic, custom)
+             for text, generic, custom in conn.execute(
+                 "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")}
+    assert set(plans) == {"claim", "completion"}, plans
+    for generic, custom in plans.values():
+        assert custom <= 5 and generic >= 5, plans

@@ -34,7 +34,11 @@ def _fill(conn: psycopg.Connection[Any], schema: str, queued: int, done: int,
 
 
 def _assert_index_scan(plan: str) -> None:
-    lines = [ln.strip() for ln in plan.splitlines()]
+    # the claim's InitPlans (the queue and the LIMIT: see claim_next) are the Limit's
+    # children too: each a Result, printed before the LockRows
+    raw = [ln.strip() for ln in plan.splitlines()]
+    lines = [ln for i, ln in enumerate(raw) if not ln.startswith("InitPlan")
+             and not (i and raw[i - 1].startswith("InitPlan") and ln == "->  Result")]
     limit = next(i for i, ln in enumerate(lines) if ln.endswith("Limit"))
     assert lines[limit + 1].endswith("LockRows"), plan
     assert "Index Scan using jobs_claim_idx" in lines[limit + 2], plan
