@@ -73,6 +73,7 @@ class Pending:
         while jobs and busy + len(starting) < slots(jobs[0]):
             starting.append(jobs.popleft())
         if starting:
+            self.handlers.ready(starting)  # the threads' start is not the batch's time
             clock.start(time.monotonic(), len(starting))
             self.handlers.start_many(starting)
 

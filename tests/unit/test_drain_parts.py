@@ -447,3 +447,57 @@ def test_a_retry_due_after_the_last_claim_was_sent_is_kept_for_the_linger() -> N
     now = sent + timedelta(seconds=0.05)
     assert tally.next_retry_at(now, sent) == after_claim
     assert tally.next_retry_at(now) == sent + timedelta(seconds=5)  # seen now: as before
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+def test_a_batch_is_timed_without_the_start_of_the_handler_threads(
+        monkeypatch: pytest.MonkeyPatch, is_async: bool) -> None:
+    """The run's first batch starts the handler threads (or the event loop's): that start
+    is not the jobs' time, or the claims after the first batch are sized for a per-job
+    time many times the handlers' (10 no-op jobs and a 3 ms thread start: 350 us a job)."""
+    import time
+    from collections import deque
+    from datetime import datetime, timezone
+
+    from drainer.db import ClaimedRow
+    from drainer.drain import execute
+    from drainer.drain import handlers as handlers_mod
+    from drainer.drain.pending import Pending
+
+    started = 0.2  # seconds a thread start takes here: far more than 10 no-op jobs
+
+    def slow(cls: type) -> type:
+        class Slow(cls):  # type: ignore[misc, valid-type]
+            def __init__(self, *a: Any, **kw: Any) -> None:
+                time.sleep(started)
+                super().__init__(*a, **kw)
+        return Slow
+
+    monkeypatch.setattr(handlers_mod, "HandlerThreads", slow(execute.HandlerThreads))
+    monkeypatch.setattr(handlers_mod, "EventLoopThread", slow(execute.EventLoopThread))
+    registry = Registry()
+    if is_async:
+        async def noop_async(job: Any) -> None:
+            return None
+        registry.task("a")(noop_async)
+    else:
+        registry.task("a")(lambda job: None)
+    task = registry.tasks["a"]
+    report = RunReport("test", registry.queues())
+    outcomes = Outcomes(FakeJobs(), report, delete=False, retry_base=1.0, retry_cap=10.0)
+    handlers = Handlers(1, 10, None, may_start=lambda: True)
+    pending = Pending(handlers, outcomes, lambda t: 60.0, lambda job, s: False)
+    now = datetime.now(timezone.utc)
+    pending.jobs = deque(make_running(task, ClaimedRow(i, "a", {}, 1, 5, 0, now, now), 60.0,
+                                      None) for i in range(10))
+    clock = BatchClock()
+    try:
+        while pending or handlers.in_flight():
+            pending.start(clock)
+            for outcome, _r in handlers.wait(1.0, 10):
+                assert outcome.ok, outcome.error
+        clock.finish(time.monotonic())
+    finally:
+        handlers.shutdown()
+    assert clock.last is not None and clock.last < started / 2
+    assert clock.per_job is not None and clock.per_job < started / 20
