@@ -545,13 +545,17 @@ WITH target AS MATERIALIZED (
 -- takes and what `drainer purge --dry-run` counts.
 status = $status AND finished_at < now() - make_interval(secs => $older_than)
 
+-- fragment: finished_batch(status, older_than, only_if)
+-- Up to %(batch_size)s jobs of finished_before (id, status), if $only_if: an archiver's batch.
+SELECT id, status FROM {jobs}
+WHERE @finished_before(status => $status, older_than => $older_than)
+  AND $only_if
+LIMIT %(batch_size)s
+
 -- fragment: finished_delete(status, older_than, only_if)
--- Delete up to %(batch_size)s jobs of finished_before, if $only_if.
+-- Delete the jobs of finished_batch.
 DELETE FROM {jobs} j
-USING (SELECT id FROM {jobs}
-       WHERE @finished_before(status => $status, older_than => $older_than)
-         AND $only_if
-       LIMIT %(batch_size)s) doomed
+USING (@finished_batch(status => $status, older_than => $older_than, only_if => $only_if)) doomed
 WHERE j.id = doomed.id
 
 -- name: archive_delete
@@ -658,22 +662,25 @@ WITH RECURSIVE go AS (
      AND (NOT %(if_drained)s OR NOT EXISTS (
            SELECT 1 FROM unnest(%(queues)s::text[]) AS q(queue)
            WHERE EXISTS (@due_jobs(queue => q.queue, limit => 1)))) AS go
-), done_gone AS (
-  @finished_delete(status => 'done', older_than => %(archive_after)s,
-                   only_if => (SELECT go FROM go))
-  RETURNING 1
-), failed_gone AS (
-  @finished_delete(status => 'failed', older_than => %(failed_retention)s,
-                   only_if => (SELECT go FROM go))
-  RETURNING 1
-), cancelled_gone AS (
-  @finished_delete(status => 'cancelled', older_than => %(failed_retention)s,
-                   only_if => (SELECT go FROM go))
-  RETURNING 1
+), gone AS (
+  -- the three batches (each of batch_size at most) in one DELETE: a DELETE a status cost
+  -- 0.1-0.2 ms more of planning on a fresh backend (the session is billed)
+  DELETE FROM {jobs} j
+  USING (
+    (@finished_batch(status => 'done', older_than => %(archive_after)s,
+                     only_if => (SELECT go FROM go)))
+    UNION ALL
+    (@finished_batch(status => 'failed', older_than => %(failed_retention)s,
+                     only_if => (SELECT go FROM go)))
+    UNION ALL
+    (@finished_batch(status => 'cancelled', older_than => %(failed_retention)s,
+                     only_if => (SELECT go FROM go)))
+  ) doomed
+  WHERE j.id = doomed.id
+  RETURNING doomed.status
 ), @queued_queues(only_if => true)
-SELECT (SELECT count(*) FROM done_gone) AS archived_done,
-       (SELECT count(*) FROM failed_gone) + (SELECT count(*) FROM cancelled_gone)
-         AS archived_failed,
+SELECT (SELECT count(*) FROM gone WHERE status = 'done') AS archived_done,
+       (SELECT count(*) FROM gone WHERE status <> 'done') AS archived_failed,
        -- table_health's columns, read with the functions pg_stat_user_tables is made of:
        -- the view computes all its columns (measured: 1.5-2.4 ms in a fresh session, the
        -- functions 0.5-1.2 ms; an empty run is this statement and run_start)

@@ -134,6 +134,24 @@ def test_finish_run_archives_old_jobs_in_batches(pg_url: str, migrated: Settings
     assert report.remaining_due == 0 and report.next_due_at is not None
 
 
+def test_finish_run_deletes_one_batch_of_each_finished_status(
+        migrated: Settings, conn: psycopg.Connection[Any]) -> None:
+    """One DELETE takes the three batches: up to batch_size done, failed and cancelled jobs
+    each, counted as done and as failed (cancelled with failed); newer ones stay."""
+    conn.execute(sql.SQL(
+        "INSERT INTO {} (queue, status, finished_at) "
+        "SELECT 'a', s, now() - a * interval '1 day' FROM (VALUES "
+        "('done', 10, 3), ('done', 1, 1), ('failed', 40, 3), ('failed', 10, 1), "
+        "('cancelled', 40, 3), ('cancelled', 10, 1)) AS v(s, a, n), generate_series(1, n)")
+        .format(_jobs(migrated)))
+    q = db.Queries(conn, migrated.schema_name, migrated.table)
+    fin = q.finish_run(["a"], 7 * 86400.0, 30 * 86400.0, 2)
+    assert (fin["archived_done"], fin["archived_failed"]) == (2, 4)
+    left = conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY 1 ORDER BY 1")
+                        .format(_jobs(migrated))).fetchall()
+    assert left == [("cancelled", 2), ("done", 2), ("failed", 2)]
+
+
 def test_archive_mode_move_keeps_the_separate_statements(pg_url: str, migrated: Settings,
                                                         conn: psycopg.Connection[Any],
                                                         registry: Registry) -> None:
