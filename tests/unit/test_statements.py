@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from drainer.db.statements import load_queries
+from drainer.db.statements import load_queries, strip_comments
 
 SHARED = """\
 -- fragment: due(queue, limit)
@@ -95,3 +95,25 @@ def test_the_shipped_file_loads_with_every_fragment_used() -> None:
     queries = load_queries()
     assert "claim_batch" in queries and "queue_summary" in queries
     assert not [name for name, text in queries.items() if "@" in text.replace("@>", "")]
+
+
+def test_comments_are_dropped_from_the_text_sent_and_quoted_dashes_kept() -> None:
+    queries = load_queries("""\
+-- name: s
+-- The description.
+SELECT 'a -- b' AS "x--y",  -- a note at the end of a line
+  -- a note of its own line
+  E'it\\'s -- text', $f$ -- text $f$, 1
+
+FROM t;
+""")
+    assert queries["s"] == (
+        "SELECT 'a -- b' AS \"x--y\",\n"
+        "  E'it\\'s -- text', $f$ -- text $f$, 1\n"
+        "\n"
+        "FROM t")
+
+
+def test_no_statement_drainer_sends_carries_a_comment() -> None:
+    for name, text in load_queries().items():
+        assert strip_comments(text) == text, name
