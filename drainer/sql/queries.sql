@@ -426,13 +426,17 @@ WHERE j.id = ANY (ARRAY(SELECT id FROM {jobs}
 @reap_update
 RETURNING j.id, j.status, j.attempts;
 
+-- fragment: unclaimed_occurrence(alias)
+-- Whether the jobs row $alias is a recurring occurrence in the served queues (%(queues)s)
+-- that was never claimed (fence = 0: the fence counts claims and nothing resets it), on the
+-- queued occurrences' index: the only occurrences a sync changes or deletes.
+$alias.recurring_key IS NOT NULL AND $alias.status = 'queued' AND $alias.fence = 0
+  AND $alias.recurring_hash IS NOT NULL AND $alias.queue = ANY (%(queues)s::text[])
+
 -- fragment: unclaimed_occurrences
--- The recurring occurrences in the served queues (%(queues)s) that were never claimed
--- (fence = 0: the fence counts claims and nothing resets it), on the queued occurrences'
--- index: the only occurrences a sync changes or deletes.
-SELECT id, recurring_key AS key, scheduled_for FROM {jobs}
-WHERE recurring_key IS NOT NULL AND status = 'queued' AND fence = 0
-  AND recurring_hash IS NOT NULL AND queue = ANY (%(queues)s::text[])
+-- Those occurrences: id, key, scheduled_for.
+SELECT o.id, o.recurring_key AS key, o.scheduled_for FROM {jobs} o
+WHERE @unclaimed_occurrence(alias => o)
 
 -- name: run_start
 -- The fixed work at the start of a drain in one statement (one round trip): the schema
@@ -462,10 +466,11 @@ WITH v AS (
   -- %(unschedule)s: the app has no recurring definition on the served queues, so no sync
   -- follows; the future occurrences left there are of definitions removed from the code:
   -- gone, as the sync's `gone` removes them (an occurrence already due is a job to run)
+  -- (the rows themselves, not joined to a subquery of them: one jobs relation less to plan
+  -- on a fresh backend)
   DELETE FROM {jobs} j
-  USING (@unclaimed_occurrences) mine
-  WHERE %(unschedule)s AND (SELECT version FROM v) = %(latest)s
-    AND j.id = mine.id AND mine.scheduled_for > now() AND j.status = 'queued' AND j.fence = 0
+  WHERE %(unschedule)s AND (SELECT version FROM v) = %(latest)s AND j.scheduled_for > now()
+    AND @unclaimed_occurrence(alias => j)
   RETURNING j.id
 ), paused AS MATERIALIZED (
   SELECT c.queue FROM {control} c WHERE c.paused AND c.queue = ANY (%(queues)s::text[])

@@ -118,3 +118,25 @@ def test_the_end_of_a_long_run_syncs_again_only_past_the_first_fire_time(
         "SELECT scheduled_for FROM {} ORDER BY 1").format(
         sql.Identifier(migrated.schema_name, "jobs"))).fetchall()]
     assert times == [datetime(2026, 12, 1, 9, m, tzinfo=UTC) for m in (1, 2)]
+
+
+def test_a_run_without_definitions_deletes_only_future_never_claimed_occurrences(
+        migrated: Settings, conn: psycopg.Connection[Any]) -> None:
+    """What the first statement unschedules: the future occurrences of the served queues
+    never claimed; a due one is a job to run, a claimed one (fence > 0) is kept, as are a
+    job that is no occurrence and another queue's series."""
+    jobs = sql.Identifier(migrated.schema_name, "jobs")
+    conn.execute(sql.SQL(
+        "INSERT INTO {} (queue, recurring_key, scheduled_for, run_at, recurring_hash, fence) "
+        "SELECT queue, key, now() + d * interval '1 day', now() + d * interval '1 day', "
+        "hash, fence FROM (VALUES ('a', 'gone', 1, 'h', 0), ('a', 'claimed', 1, 'h', 1), "
+        "('a', 'due', -1, 'h', 0), ('a', NULL, 1, NULL, 0), ('b', 'other', 1, 'h', 0)) "
+        "AS v(queue, key, d, hash, fence)").format(jobs))
+    registry = Registry()
+    registry.task("a")(lambda job: None)
+    report = run_once(migrated, registry=registry)
+    assert report.succeeded == 1
+    rows = conn.execute(sql.SQL("SELECT queue, recurring_key, status FROM {} ORDER BY 1, 2")
+                        .format(jobs)).fetchall()
+    assert rows == [("a", "claimed", "queued"), ("a", "due", "done"), ("a", None, "queued"),
+                    ("b", "other", "queued")]
