@@ -296,8 +296,8 @@ FROM claimed;
 -- execution while the custom plan looks cheaper than the generic one. The claim's queue and
 -- LIMIT are hidden from both plans (claim_next), but the custom plan still sees the
 -- completion's arrays (their length is the unnest's row estimate), so with the cost of the
--- batch it may or may not look cheaper: with a plain LIMIT parameter it always did, and
--- planning was 0.17 ms of the 0.42 ms the server spent on each execution here. The generic plan is the same index
+-- batch it may or may not look cheaper; planned at every execution, planning was 0.17 ms of
+-- the 0.42 ms the server spent on each execution here. The generic plan is the same index
 -- scan that stops after the batch (tests/integration/test_claim_plan.py checks both).
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
 
@@ -466,8 +466,8 @@ WITH v AS (
   -- %(unschedule)s: the app has no recurring definition on the served queues, so no sync
   -- follows; the future occurrences left there are of definitions removed from the code:
   -- gone, as the sync's `gone` removes them (an occurrence already due is a job to run)
-  -- (the rows themselves, not joined to a subquery of them: one jobs relation less to plan
-  -- on a fresh backend)
+  -- (on the rows themselves, with no subquery of the jobs joined: each relation in the
+  -- statement is planned, and costs catalog lookups, on a fresh backend)
   DELETE FROM {jobs} j
   WHERE %(unschedule)s AND (SELECT version FROM v) = %(latest)s AND j.scheduled_for > now()
     AND @unclaimed_occurrence(alias => j)
