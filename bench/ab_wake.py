@@ -1,13 +1,15 @@
 """A/B of two drainer source trees through the delay proxy: a wake that finds a few jobs.
 
-    python -m bench.ab_wake OLD_DIR NEW_DIR [ROUNDS] [RTT_MS] [QUEUES,...] [JOBS,...]
+    python -m bench.ab_wake OLD_DIR NEW_DIR [ROUNDS] [RTT_MS] [QUEUES,...] [JOBS,...] [LATER]
 
 For each number of queues (an app generated with one no-op ``@task`` each) and each number
 of jobs (due, all on the LAST queue; 0: an empty run), each tree runs ``drainer run-once``
 through bench/proxy.py at RTT_MS, interleaved (the order reversed every other round).
 Prints the median (and least) seconds the server sessions were held, connect to close, and
-the statements they carried. ``BENCH_AB_DATABASE`` names the database (default
-``drainer_bench_ab_wake``). Defaults: 10 rounds, 10 ms, 1 and 300 queues, 0, 1 and 5 jobs.
+the statements they carried. LATER: jobs scheduled for tomorrow on the last queue too
+(default 0), which a wake must not read one by one. ``BENCH_AB_DATABASE`` names the database
+(default ``drainer_bench_ab_wake``). Defaults: 10 rounds, 10 ms, 1 and 300 queues, 0, 1 and
+5 jobs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.core import ROOT, ab_database, fill, prepare_tree
+import psycopg
+from psycopg import sql
+
+from bench.core import ROOT, ab_database, fill, jobs_table, prepare_tree
 from bench.link import via, write_queue_apps
 from bench.proxy import DelayProxy
 
@@ -36,6 +41,7 @@ def main(argv: list[str]) -> int:
     rtt = float(argv[3]) if len(argv) > 3 else 10.0
     counts = [int(x) for x in (argv[4] if len(argv) > 4 else "1,300").split(",")]
     jobs = [int(x) for x in (argv[5] if len(argv) > 5 else "0,1,5").split(",")]
+    later = int(argv[6]) if len(argv) > 6 else 0
     url = ab_database(SERVER, "drainer_bench_ab_wake")
     schemas = {k: f"b_ab_wake_{k}" for k in trees}
     for k, tree in trees.items():
@@ -50,6 +56,8 @@ def main(argv: list[str]) -> int:
             order = [(k, n, j) for n in counts for j in jobs for k in trees]
             for k, n, j in order[::-1] if rnd % 2 else order:
                 fill(url, schemas[k], j, [f"q{n - 1:03d}"])
+                if later:
+                    schedule_later(url, schemas[k], f"q{n - 1:03d}", later)
                 proxy.take()
                 env = dict(os.environ,
                            PYTHONPATH=os.pathsep.join([trees[k], str(apps), str(ROOT)]),
@@ -68,11 +76,22 @@ def main(argv: list[str]) -> int:
         proxy.stop()
     for (n, j, k), runs in sorted(results.items()):
         held = [h for h, _s in runs]
-        print(f"{n} queues, {j} jobs, RTT {rtt:g} ms, {k}: held "
+        print(f"{n} queues, {j} jobs, {later:,} later, RTT {rtt:g} ms, {k}: held "
               f"{statistics.median(held) * 1000:.1f} ms (least {min(held) * 1000:.1f}), "
               f"{statistics.median(s for _h, s in runs):.0f} statements ({len(runs)} runs)",
               flush=True)
     return 0
+
+
+def schedule_later(url: str, schema: str, queue: str, n: int) -> None:
+    """``n`` jobs of ``queue`` due from tomorrow on (a second apart), statistics fresh."""
+    table = jobs_table(schema)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL(
+            "INSERT INTO {} (queue, payload, run_at) SELECT %s, '{{}}', "
+            "now() + interval '1 day' + g * interval '1s' FROM generate_series(1, %s) g"
+        ).format(table), [queue, n])
+        conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(table))
 
 
 if __name__ == "__main__":

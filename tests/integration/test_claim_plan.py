@@ -128,9 +128,12 @@ def _assert_probe_per_queue(plan: dict[str, Any], index: str, where: str) -> Non
     scans = [(p, n) for p, n in nodes if n.get("Index Name") == index]
     assert scans, (where, types)
     for parents, node in scans:
-        # one probe of the claim index per queue, stopped at its first due row
+        # probes of the claim index per queue: its next priority (stopped at the first row),
+        # or that priority's due jobs (a range: queue, priority and run_at in the condition)
         assert node["Node Type"] in ("Index Scan", "Index Only Scan"), (where, node)
-        assert parents[-1] == "Limit" and "Nested Loop" in parents, (where, parents)
+        cond = node.get("Index Cond", "")
+        assert parents[-1] == "Limit" or ("priority =" in cond and "run_at <=" in cond), \
+            (where, parents, cond)
     assert not [n for _p, n in nodes if n["Node Type"] == "Seq Scan"
                 and n.get("Relation Name") == "jobs"], (where, types)
 
