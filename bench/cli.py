@@ -688,6 +688,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         sys.stderr.write(f"bench: unknown section(s) {', '.join(sorted(unknown))}\n")
         return 2
+    if args.output is not None:
+        # before the run, not after it: a run of the whole bench takes most of an hour
+        args.output.parent.mkdir(parents=True, exist_ok=True)
     if args.peers:
         problem = ensure_peers()
         if problem:

@@ -67,7 +67,7 @@ def test_bench_smoke_prints_the_tables(pg_url: str, bench_db: str, tmp_path: Pat
 
 def test_bench_smoke_of_the_link_and_io_sections(pg_url: str, bench_db: str,
                                                  tmp_path: Path) -> None:
-    out = tmp_path / "smoke-link"
+    out = tmp_path / "not-made-yet" / "smoke-link"  # --output makes its folder first
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--no-peers", "--server", pg_url,
          "--database", bench_db, "--only", "link-drain,link-empty,io",
