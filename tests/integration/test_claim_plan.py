@@ -3,7 +3,9 @@
 100,000 queued rows over 5 queues: a claim over ``queue = ANY(...)`` with an ORDER BY the
 index cannot deliver would sort every queued row; drainer claims one queue at a time, so
 every claim (custom and generic plan, alone or behind the batch completion) must be
-Limit > LockRows > Index Scan on the claim index, with no Sort and no Seq Scan.
+Limit > LockRows > Index Scan on the claim index (the run's first claim a priority at a
+time: a range of the index per priority, found by one probe each), with no Sort and no Seq
+Scan.
 """
 
 from __future__ import annotations
@@ -54,17 +56,28 @@ def _nodes(plan: dict[str, Any], parents: tuple[str, ...] = ()
         yield from _nodes(child, (*parents, plan["Node Type"]))
 
 
-def _assert_index_claim(plan: dict[str, Any], index: str, where: str) -> None:
+def _assert_index_claim(plan: dict[str, Any], index: str, where: str,
+                        walk: bool = False) -> None:
     nodes = list(_nodes(plan))
     types = [n["Node Type"] for _p, n in nodes]
     assert "Sort" not in types and "Incremental Sort" not in types, (where, types)
     # the first start_now rows are a LIMIT over the claimed CTE, not a row_number() over it
     assert "WindowAgg" not in types, (where, types)
     scans = [(p, n) for p, n in nodes if n.get("Index Name") == index]
-    assert scans, (where, types)
+    locked = [(p, n) for p, n in scans if p[-1] == "LockRows"]
+    assert locked, (where, types)
     for parents, node in scans:
         assert node["Node Type"] in ("Index Scan", "Index Only Scan"), (where, node)
-        assert parents[-2:] == ("Limit", "LockRows"), (where, parents)
+        cond = node.get("Index Cond", "")
+        if parents[-1] == "LockRows":
+            # the rows claimed, stopped by the batch's LIMIT; walking (claim_first): one
+            # priority's due jobs at a time, a range of the index
+            assert parents[-2:] == ("Limit", "LockRows"), (where, parents)
+            assert "run_at <=" in cond and ("priority =" in cond or not walk), (where, cond)
+        else:
+            # the walk to the queue's next priority: one entry of the index, nothing locked
+            assert parents[-1] == "Limit" and "queue =" in cond, (where, parents, cond)
+    assert walk or len(scans) == len(locked), (where, types)
     assert not [n for _p, n in nodes if n["Node Type"] == "Seq Scan"
                 and n.get("Relation Name") == "jobs"], (where, types)
 
@@ -154,8 +167,9 @@ def test_due_queues_probes_the_claim_index_once_per_queue(
 def test_the_first_claim_sent_with_run_start_is_an_index_scan(
         loaded: Settings, conn: psycopg.Connection[Any]) -> None:
     """claim_first (behind run_start, which names the first due queue in drainer.first_due):
-    that queue's claim, the same Limit > LockRows > Index Scan as claim_batch; no Sort,
-    no Seq Scan of the jobs, whatever the number of served queues."""
+    that queue's claim, the same Limit > LockRows > Index Scan as claim_batch, a range of
+    the index per priority (claim_walk); no Sort, no Seq Scan of the jobs, whatever the
+    number of served queues."""
     from drainer.migrate import latest_version
 
     q = Queries(conn, loaded.schema_name, loaded.table)
@@ -166,7 +180,8 @@ def test_the_first_claim_sent_with_run_start_is_an_index_scan(
               "latest": latest_version(), "batch_size": 10, "start_now": 1,
               "run_id": "test"}
     conn.execute("SELECT set_config('drainer.first_due', %s, false)", [QUEUES[1]])
-    _assert_index_claim(_explain(conn, q.text("claim_first"), values), index, "claim_first")
+    _assert_index_claim(_explain(conn, q.text("claim_first"), values), index, "claim_first",
+                        walk=True)
     rows = conn.execute(q.text("claim_first"), values).fetchall()
     assert len(rows) == 10 and {r[1] for r in rows} == {QUEUES[1]}
     # not eligible (a max_running queue, say): it claims nothing, not the next queue

@@ -1,0 +1,167 @@
+"""A/B of two drainer source trees' claim in instructions: what a prepared claim costs the server.
+
+    python -m bench.ab_callgrind OLD_DIR NEW_DIR [BATCH] [EXECUTIONS] [LATER] [JOBS]
+
+This machine's timings move by 2x from one hour to the next, and a few percent per claim is
+lost in them; instruction counts are not. OLD_DIR and NEW_DIR each hold a ``drainer``
+package (``git archive REV drainer | tar -x -C DIR``). Each tree migrates a schema of its
+own in a throwaway cluster (initdb in /var/tmp) that holds JOBS due jobs (default 20,000)
+of one queue, and LATER jobs of it scheduled for tomorrow (default 0); the server is
+stopped, and for each tree a copy of the cluster runs ``postgres --single`` under
+valgrind's callgrind: the tree's ``claim_batch`` (rendered by its own queries.sql)
+prepared, then executed EXECUTIONS times (default 200) claiming BATCH jobs each (default
+10, every job started at once, as the drain sends it in step). The same script with no
+execution is counted too, so the figure printed is instructions per claim, start-up,
+PREPARE and shutdown excluded. Counts repeat exactly for the same binaries and data.
+Claims past the due jobs come back short, then empty: ``python -m bench.ab_callgrind OLD
+NEW 10 1 100000 5`` is a claim that finds 5 jobs beside 100,000 scheduled for later (the
+first executions of a prepared statement are custom plans: planned, not only run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from bench.core import fill, jobs_table, prepare_tree
+from bench.fleet import _bindir
+
+QUEUE = "bench"
+PARAMS = ["queue", "batch_size", "start_now", "run_id", "lease"]
+
+
+def _as_postgres(root: Path) -> list[str]:
+    """initdb, pg_ctl and postgres refuse root: run them as postgres, owning ``root``."""
+    if os.geteuid() != 0:
+        return []
+    pw = pwd.getpwnam("postgres")
+    os.chown(root, pw.pw_uid, pw.pw_gid)
+    return ["runuser", "-u", "postgres", "--"]
+
+
+@contextlib.contextmanager
+def cluster(root: Path) -> Iterator[str]:
+    """initdb in ``root``/data and a server on a free port until the block ends (then a
+    clean shutdown, so that a copy of the data directory starts without recovery)."""
+    bindir, as_user = _bindir(), _as_postgres(root)
+    data = root / "data"
+    subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
+                    "--auth=trust", "-E", "UTF8", "--no-sync"], check=True,
+                   capture_output=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = (f"-c port={port} -c listen_addresses=127.0.0.1 "
+               f"-c unix_socket_directories={root} -c autovacuum=off -c fsync=off")
+    subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l",
+                    str(root / "log"), "-o", options, "start"], check=True,
+                   capture_output=True)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast",
+                        "-w", "stop"], capture_output=True)
+
+
+def claim_text(tree: str, url: str, schema: str) -> str:
+    """``claim_batch`` as ``tree`` renders it, its parameters as $1..$5 (PARAMS' order)."""
+    code = ("import sys; sys.path[:0] = [sys.argv[1]]; import psycopg; "
+            "from drainer.db import Queries; "
+            "print(Queries(psycopg.connect(sys.argv[2]), sys.argv[3], 'jobs')"
+            ".text('claim_batch'), end='')")
+    text = subprocess.run([sys.executable, "-c", code, os.path.abspath(tree), url, schema],
+                          check=True, capture_output=True, text=True, cwd="/").stdout
+    for i, name in enumerate(PARAMS, start=1):
+        text = text.replace(f"%({name})s", f"${i}")
+    return text
+
+
+def schedule_later(url: str, schema: str, n: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL(
+            "INSERT INTO {} (queue, payload, run_at) SELECT %s, '{{}}', "
+            "now() + interval '1 day' + g * interval '1s' FROM generate_series(1, %s) g"
+        ).format(jobs_table(schema)), [QUEUE, n])
+        conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(jobs_table(schema)))
+
+
+def instructions(root: Path, text: str, executions: int, batch: int) -> int:
+    """Instructions of a ``postgres --single`` backend (on a copy of the cluster) that
+    prepares ``text`` and executes it ``executions`` times."""
+    data = root / "run"
+    shutil.rmtree(data, ignore_errors=True)
+    subprocess.run(["cp", "-a", str(root / "data"), str(data)], check=True)
+    out = root / "callgrind.out"
+    out.unlink(missing_ok=True)
+    script = "PREPARE c(text, int8, int8, text, float8) AS " + text + ";\n\n"
+    script += f"EXECUTE c('{QUEUE}', {batch}, {batch}, 'bench', 300);\n\n" * executions
+    p = subprocess.run([*_as_postgres(root), "valgrind", "--tool=callgrind",
+                        f"--callgrind-out-file={out}", str(_bindir() / "postgres"),
+                        "--single", "-j", "-D", str(data), "-c", "autovacuum=off",
+                        "-c", "jit=off", "postgres"],
+                       input=script, capture_output=True, text=True)
+    m = re.search(r"Collected : (\d+)", p.stderr)
+    if p.returncode != 0 or m is None or "ERROR" in p.stdout + p.stderr:
+        raise SystemExit(f"bench.ab_callgrind: the backend failed: {p.stderr[-600:]}")
+    return int(m.group(1))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    if shutil.which("valgrind") is None:
+        print("bench.ab_callgrind: valgrind is not installed (apt install valgrind)",
+              file=sys.stderr)
+        return 2
+    trees = {"old": argv[0], "new": argv[1]}
+    batch = int(argv[2]) if len(argv) > 2 else 10
+    executions = int(argv[3]) if len(argv) > 3 else 200
+    later = int(argv[4]) if len(argv) > 4 else 0
+    jobs = int(argv[5]) if len(argv) > 5 else 20_000
+    if executions < 1:
+        print("bench.ab_callgrind: EXECUTIONS must be 1 or more", file=sys.stderr)
+        return 2
+    root = Path(tempfile.mkdtemp(prefix="drainer-callgrind-", dir="/var/tmp"))
+    try:
+        texts: dict[str, str] = {}
+        with cluster(root) as url:
+            for k, tree in trees.items():
+                schema = f"b_callgrind_{k}"
+                prepare_tree(tree, url, schema)
+                fill(url, schema, jobs, [QUEUE])
+                if later:
+                    schedule_later(url, schema, later)
+                texts[k] = claim_text(tree, url, schema)
+        per_claim = {}
+        for k, text in texts.items():
+            base = instructions(root, text, 0, batch)
+            total = instructions(root, text, executions, batch)
+            per_claim[k] = (total - base) / executions
+        print(f"claim_batch of {batch} jobs, {executions} executions, prepared, {jobs:,} due "
+              f"and {later:,} scheduled for later in the queue; instructions per claim "
+              "(callgrind)\n")
+        print("| tree | instructions per claim | per job |")
+        print("|---|---:|---:|")
+        for k, n in per_claim.items():
+            print(f"| {k} ({trees[k]}) | {n:,.0f} | {n / batch:,.0f} |")
+        print(f"\nnew / old: {per_claim['new'] / per_claim['old']:.3f}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
