@@ -1,6 +1,7 @@
-"""A/B of two drainer source trees' claim in instructions: what a prepared claim costs the server.
+"""A/B of two drainer source trees in instructions: what a claim or an empty wake costs a server.
 
     python -m bench.ab_callgrind OLD_DIR NEW_DIR [BATCH] [EXECUTIONS] [LATER] [JOBS]
+    python -m bench.ab_callgrind OLD_DIR NEW_DIR wake [QUEUES,...]
 
 This machine's timings move by 2x from one hour to the next, and a few percent per claim is
 lost in them; instruction counts are not. OLD_DIR and NEW_DIR each hold a ``drainer``
@@ -16,6 +17,12 @@ PREPARE and shutdown excluded. Counts repeat exactly for the same binaries and d
 Claims past the due jobs come back short, then empty: ``python -m bench.ab_callgrind OLD
 NEW 10 1 100000 5`` is a claim that finds 5 jobs beside 100,000 scheduled for later (the
 first executions of a prepared statement are custom plans: planned, not only run).
+
+``wake``: the first Query of an empty ``drainer run-once`` (run_start, the first claim and
+finish_run in one), as each tree sends it with an app of that many queues (default 1 and
+300; one no-op ``@task`` each), taken from the server's log, then run once in a new
+``postgres --single`` backend on the empty table: what an empty wake costs the server in
+a fresh session, its catalog caches cold (a ``SELECT 1`` alone is subtracted).
 """
 
 from __future__ import annotations
@@ -35,8 +42,9 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from bench.core import fill, jobs_table, prepare_tree
+from bench.core import ROOT, fill, jobs_table, prepare_tree
 from bench.fleet import _bindir
+from bench.link import write_queue_apps
 
 QUEUE = "bench"
 PARAMS = ["queue", "batch_size", "start_now", "run_id", "lease"]
@@ -52,7 +60,7 @@ def _as_postgres(root: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def cluster(root: Path) -> Iterator[str]:
+def cluster(root: Path, options: str = "") -> Iterator[str]:
     """initdb in ``root``/data and a server on a free port until the block ends (then a
     clean shutdown, so that a copy of the data directory starts without recovery)."""
     bindir, as_user = _bindir(), _as_postgres(root)
@@ -64,7 +72,7 @@ def cluster(root: Path) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     options = (f"-c port={port} -c listen_addresses=127.0.0.1 "
-               f"-c unix_socket_directories={root} -c autovacuum=off -c fsync=off")
+               f"-c unix_socket_directories={root} -c autovacuum=off -c fsync=off {options}")
     subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l",
                     str(root / "log"), "-o", options, "start"], check=True,
                    capture_output=True)
@@ -100,22 +108,82 @@ def schedule_later(url: str, schema: str, n: int) -> None:
 def instructions(root: Path, text: str, executions: int, batch: int) -> int:
     """Instructions of a ``postgres --single`` backend (on a copy of the cluster) that
     prepares ``text`` and executes it ``executions`` times."""
+    script = "PREPARE c(text, int8, int8, text, float8) AS " + text + ";\n\n"
+    script += f"EXECUTE c('{QUEUE}', {batch}, {batch}, 'bench', 300);\n\n" * executions
+    return single_user(root, script)
+
+
+def single_user(root: Path, script: str) -> int:
+    """Instructions of a ``postgres --single`` backend, on a copy of the cluster, that runs
+    ``script`` (statements ending in a semicolon and a blank line)."""
     data = root / "run"
     shutil.rmtree(data, ignore_errors=True)
     subprocess.run(["cp", "-a", str(root / "data"), str(data)], check=True)
     out = root / "callgrind.out"
     out.unlink(missing_ok=True)
-    script = "PREPARE c(text, int8, int8, text, float8) AS " + text + ";\n\n"
-    script += f"EXECUTE c('{QUEUE}', {batch}, {batch}, 'bench', 300);\n\n" * executions
     p = subprocess.run([*_as_postgres(root), "valgrind", "--tool=callgrind",
                         f"--callgrind-out-file={out}", str(_bindir() / "postgres"),
                         "--single", "-j", "-D", str(data), "-c", "autovacuum=off",
-                        "-c", "jit=off", "postgres"],
+                        "-c", "jit=off", "-c", "log_min_duration_statement=-1", "postgres"],
                        input=script, capture_output=True, text=True)
     m = re.search(r"Collected : (\d+)", p.stderr)
     if p.returncode != 0 or m is None or "ERROR" in p.stdout + p.stderr:
         raise SystemExit(f"bench.ab_callgrind: the backend failed: {p.stderr[-600:]}")
     return int(m.group(1))
+
+
+def first_query(log: Path, offset: int) -> str:
+    """The first statement the server logged after ``offset`` (log_min_duration_statement=0:
+    each entry a line with a timestamp, its text on the lines that follow)."""
+    with log.open() as f:
+        f.seek(offset)
+        lines = f.read().splitlines()
+    entry = re.compile(r"^\d{4}-\d\d-\d\d ")
+    for i, line in enumerate(lines):
+        if "statement: " in line:
+            body = [line.split("statement: ", 1)[1]]
+            for more in lines[i + 1:]:
+                if entry.match(more):
+                    break
+                body.append(more[1:] if more.startswith("\t") else more)
+            return "\n".join(body)
+    raise SystemExit("bench.ab_callgrind: the run's first Query is not in the server log")
+
+
+def wake(trees: dict[str, str], counts: list[int]) -> int:
+    root = Path(tempfile.mkdtemp(prefix="drainer-callgrind-", dir="/var/tmp"))
+    apps = root / "apps"
+    apps.mkdir()
+    names = write_queue_apps(apps, tuple(counts))
+    try:
+        texts: dict[tuple[str, int], str] = {}
+        with cluster(root, "-c log_min_duration_statement=0") as url:
+            for k, tree in trees.items():
+                schema = f"b_callgrind_{k}"
+                prepare_tree(tree, url, schema)
+                for n in counts:
+                    offset = (root / "log").stat().st_size
+                    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                        [os.path.abspath(tree), str(apps), str(ROOT)]),
+                        DRAINER_DATABASE_URL=url, DRAINER_SCHEMA=schema,
+                        DRAINER_APP=names[n], DRAINER_LOG_LEVEL="WARNING")
+                    subprocess.run([sys.executable, "-m", "drainer", "run-once"], env=env,
+                                   cwd="/", check=True, capture_output=True)
+                    texts[(k, n)] = first_query(root / "log", offset)
+        base = single_user(root, "SELECT 1;\n\n")
+        cost = {key: single_user(root, text.rstrip().rstrip(";") + ";\n\n") - base
+                for key, text in texts.items()}
+        print("an empty run-once's first Query, run once in a new postgres --single backend "
+              "(catalog caches cold); instructions (callgrind), SELECT 1 subtracted\n")
+        print("| queues | old | new | new / old | bytes old | bytes new |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for n in counts:
+            print(f"| {n} | {cost[('old', n)]:,} | {cost[('new', n)]:,} | "
+                  f"{cost[('new', n)] / cost[('old', n)]:.3f} | {len(texts[('old', n)]):,} | "
+                  f"{len(texts[('new', n)]):,} |")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -127,6 +195,8 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     trees = {"old": argv[0], "new": argv[1]}
+    if len(argv) > 2 and argv[2] == "wake":
+        return wake(trees, [int(x) for x in (argv[3] if len(argv) > 3 else "1,300").split(",")])
     batch = int(argv[2]) if len(argv) > 2 else 10
     executions = int(argv[3]) if len(argv) > 3 else 200
     later = int(argv[4]) if len(argv) > 4 else 0
