@@ -13,7 +13,8 @@ valgrind's callgrind: the tree's ``claim_batch`` (rendered by its own queries.sq
 prepared, then executed EXECUTIONS times (default 200) claiming BATCH jobs each (default
 10, every job started at once, as the drain sends it in step). The same script with no
 execution is counted too, so the figure printed is instructions per claim, start-up,
-PREPARE and shutdown excluded. Counts repeat exactly for the same binaries and data.
+PREPARE and shutdown excluded. Counts repeat to a few hundred instructions (timestamps in
+the text and the data) for the same binaries and data.
 Claims past the due jobs come back short, then empty: ``python -m bench.ab_callgrind OLD
 NEW 10 1 100000 5`` is a claim that finds 5 jobs beside 100,000 scheduled for later (the
 first executions of a prepared statement are custom plans: planned, not only run).
@@ -27,60 +28,26 @@ a fresh session, its catalog caches cold (a ``SELECT 1`` alone is subtracted).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import pwd
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
 from bench.core import ROOT, fill, jobs_table, prepare_tree
-from bench.fleet import _bindir
+from bench.fleet import _bindir, as_postgres, cluster_in
 from bench.link import write_queue_apps
 
 QUEUE = "bench"
+#: the throwaway server's settings (stopped with -m fast: a copy of its data directory then
+#: starts without recovery)
+SETTINGS: dict[str, object] = {"autovacuum": "off", "fsync": "off"}
 PARAMS = ["queue", "batch_size", "start_now", "run_id", "lease"]
-
-
-def _as_postgres(root: Path) -> list[str]:
-    """initdb, pg_ctl and postgres refuse root: run them as postgres, owning ``root``."""
-    if os.geteuid() != 0:
-        return []
-    pw = pwd.getpwnam("postgres")
-    os.chown(root, pw.pw_uid, pw.pw_gid)
-    return ["runuser", "-u", "postgres", "--"]
-
-
-@contextlib.contextmanager
-def cluster(root: Path, options: str = "") -> Iterator[str]:
-    """initdb in ``root``/data and a server on a free port until the block ends (then a
-    clean shutdown, so that a copy of the data directory starts without recovery)."""
-    bindir, as_user = _bindir(), _as_postgres(root)
-    data = root / "data"
-    subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
-                    "--auth=trust", "-E", "UTF8", "--no-sync"], check=True,
-                   capture_output=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    options = (f"-c port={port} -c listen_addresses=127.0.0.1 "
-               f"-c unix_socket_directories={root} -c autovacuum=off -c fsync=off {options}")
-    subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l",
-                    str(root / "log"), "-o", options, "start"], check=True,
-                   capture_output=True)
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast",
-                        "-w", "stop"], capture_output=True)
 
 
 def claim_text(tree: str, url: str, schema: str) -> str:
@@ -121,7 +88,7 @@ def single_user(root: Path, script: str) -> int:
     subprocess.run(["cp", "-a", str(root / "data"), str(data)], check=True)
     out = root / "callgrind.out"
     out.unlink(missing_ok=True)
-    p = subprocess.run([*_as_postgres(root), "valgrind", "--tool=callgrind",
+    p = subprocess.run([*as_postgres(root), "valgrind", "--tool=callgrind",
                         f"--callgrind-out-file={out}", str(_bindir() / "postgres"),
                         "--single", "-j", "-D", str(data), "-c", "autovacuum=off",
                         "-c", "jit=off", "-c", "log_min_duration_statement=-1", "postgres"],
@@ -157,7 +124,7 @@ def wake(trees: dict[str, str], counts: list[int]) -> int:
     names = write_queue_apps(apps, tuple(counts))
     try:
         texts: dict[tuple[str, int], str] = {}
-        with cluster(root, "-c log_min_duration_statement=0") as url:
+        with cluster_in(root, {**SETTINGS, "log_min_duration_statement": 0}, "fast") as url:
             for k, tree in trees.items():
                 schema = f"b_callgrind_{k}"
                 prepare_tree(tree, url, schema)
@@ -207,7 +174,7 @@ def main(argv: list[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix="drainer-callgrind-", dir="/var/tmp"))
     try:
         texts: dict[str, str] = {}
-        with cluster(root) as url:
+        with cluster_in(root, SETTINGS, "fast") as url:
             for k, tree in trees.items():
                 schema = f"b_callgrind_{k}"
                 prepare_tree(tree, url, schema)

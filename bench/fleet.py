@@ -66,17 +66,24 @@ def _bindir() -> Path:
     raise SystemExit("bench.fleet: no initdb/pg_ctl found (or give --server URL)")
 
 
+def as_postgres(root: Path) -> list[str]:
+    """initdb, pg_ctl and postgres refuse root: the prefix that runs them as postgres (who
+    then owns ``root``), or nothing when we are not root."""
+    if os.geteuid() != 0:
+        return []
+    pw = pwd.getpwnam("postgres")
+    os.chown(root, pw.pw_uid, pw.pw_gid)
+    return ["runuser", "-u", "postgres", "--"]
+
+
 @contextlib.contextmanager
-def throwaway_cluster(max_connections: int) -> Iterator[str]:
-    """A PostgreSQL cluster of the run's own on a free port; removed at the end."""
-    bindir = _bindir()
-    root = Path(tempfile.mkdtemp(prefix="drainer-fleet-bench-", dir="/var/tmp"))
+def cluster_in(root: Path, settings: dict[str, object], stop: str = "immediate"
+               ) -> Iterator[str]:
+    """initdb in ``root``/data and a server of it on a free port, its log ``root``/log, with
+    ``settings`` (-c name=value) besides its address; stopped (pg_ctl -m ``stop``) when the
+    block ends, the data directory kept."""
+    bindir, as_user = _bindir(), as_postgres(root)
     data = root / "data"
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # initdb and pg_ctl refuse root
-        pw = pwd.getpwnam("postgres")
-        os.chown(root, pw.pw_uid, pw.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -85,17 +92,28 @@ def throwaway_cluster(max_connections: int) -> Iterator[str]:
                    capture_output=True)
     options = " ".join(f"-c {k}={v}" for k, v in {
         "port": port, "listen_addresses": "127.0.0.1", "unix_socket_directories": str(root),
-        "fsync": "off", "full_page_writes": "off", "synchronous_commit": "off",
-        "autovacuum": "off", "max_connections": max_connections,
-        "checkpoint_timeout": "30min", "max_wal_size": "8GB"}.items())
+        **settings}.items())
     subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l",
                     str(root / "log"), "-o", options, "start"], check=True,
                    capture_output=True)
     try:
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
-        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m",
-                        "immediate", "stop"], capture_output=True)
+        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", stop, "-w",
+                        "stop"], capture_output=True)
+
+
+@contextlib.contextmanager
+def throwaway_cluster(max_connections: int) -> Iterator[str]:
+    """A PostgreSQL cluster of the run's own on a free port; removed at the end."""
+    root = Path(tempfile.mkdtemp(prefix="drainer-fleet-bench-", dir="/var/tmp"))
+    try:
+        with cluster_in(root, {
+                "fsync": "off", "full_page_writes": "off", "synchronous_commit": "off",
+                "autovacuum": "off", "max_connections": max_connections,
+                "checkpoint_timeout": "30min", "max_wal_size": "8GB"}) as url:
+            yield url
+    finally:
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -548,7 +548,9 @@ def test_a_deadlocked_pipelined_statement_is_written_again(
     # look like a far database, and claims grown to it would carry other counts
     monkeypatch.setattr(BatchClock, "adapted", lambda self, batch_size, most: batch_size)
     report = run_once(migrated, registry=registry)
-    assert calls["n"] >= 5 and calls["failed_with"] == 10  # it carried a batch's successes
+    # it carried successes (a batch's; two batches' when the handlers ran ahead of the send
+    # on a loaded machine), all written again below
+    assert calls["n"] >= 5 and calls["failed_with"] >= 10
     assert (report.claimed, report.succeeded, report.lost) == (95, 95, 0)
     assert sorted(ran) == sorted(set(ran)) and len(ran) == 95
     done = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'done'").format(
