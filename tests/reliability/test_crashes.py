@@ -59,6 +59,10 @@ def test_kill_9_mid_jobs_loses_nothing_and_runs_killed_jobs_at_most_twice(
     proc.send_signal(signal.SIGKILL)
     code, _out, _err = finish(proc, timeout=10)
     assert code == -signal.SIGKILL
+    # a claim the drainer sent ahead before it died still runs on the server, and commits,
+    # until its backend reads the closed socket: the jobs as the kill left them are the
+    # jobs once that backend has ended (read before, 3 more were claimed after)
+    wait_for(lambda: not _drainer_backends(conn, schema), 10, "the drainer's backend to end")
     at_kill = jobs(conn, schema)
     running = {i for i, r in at_kill.items() if r["status"] == "running"}
     done_before = {i for i, r in at_kill.items() if r["status"] == "done"}
@@ -82,6 +86,16 @@ def test_kill_9_mid_jobs_loses_nothing_and_runs_killed_jobs_at_most_twice(
     # job is charged the one run whose outcome was written
     assert not any(at_kill[i]["charged"] for i in running)
     assert all(r["attempts"] == 1 for r in after.values())
+
+
+def _drainer_backends(conn: psycopg.Connection[Any], schema: str) -> list[int]:
+    """The drainer sessions of our test's schema (application_name drainer, their last
+    statement naming it)."""
+    return [r[0] for r in conn.execute(
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE application_name = 'drainer' AND pid <> pg_backend_pid() "
+        "AND datname = current_database() AND position(%s in query) > 0",
+        [f'"{schema}"']).fetchall()]
 
 
 def _terminate_drainer_backend(conn: psycopg.Connection[Any], schema: str) -> int:
