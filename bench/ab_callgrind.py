@@ -36,10 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import psycopg
-from psycopg import sql
-
-from bench.core import ROOT, fill, jobs_table, prepare_tree
+from bench.ab_wake import schedule_later
+from bench.core import ROOT, fill, prepare_tree
 from bench.fleet import _bindir, as_postgres, cluster_in
 from bench.link import write_queue_apps
 
@@ -61,15 +59,6 @@ def claim_text(tree: str, url: str, schema: str) -> str:
     for i, name in enumerate(PARAMS, start=1):
         text = text.replace(f"%({name})s", f"${i}")
     return text
-
-
-def schedule_later(url: str, schema: str, n: int) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL(
-            "INSERT INTO {} (queue, payload, run_at) SELECT %s, '{{}}', "
-            "now() + interval '1 day' + g * interval '1s' FROM generate_series(1, %s) g"
-        ).format(jobs_table(schema)), [QUEUE, n])
-        conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(jobs_table(schema)))
 
 
 def instructions(root: Path, text: str, executions: int, batch: int) -> int:
@@ -180,7 +169,7 @@ def main(argv: list[str]) -> int:
                 prepare_tree(tree, url, schema)
                 fill(url, schema, jobs, [QUEUE])
                 if later:
-                    schedule_later(url, schema, later)
+                    schedule_later(url, schema, QUEUE, later)
                 texts[k] = claim_text(tree, url, schema)
         per_claim = {}
         for k, text in texts.items():

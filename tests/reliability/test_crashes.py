@@ -101,12 +101,10 @@ def _drainer_backends(conn: psycopg.Connection[Any], schema: str) -> list[int]:
 def _terminate_drainer_backend(conn: psycopg.Connection[Any], schema: str) -> int:
     """pg_terminate_backend on the drainer's work connection, recognised by its
     application_name and by its last statement naming our test's schema."""
-    rows = conn.execute(
-        "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE application_name = 'drainer' AND pid <> pg_backend_pid() "
-        "AND datname = current_database() AND position(%s in query) > 0",
-        [f'"{schema}"']).fetchall()
-    return len(rows)
+    pids = _drainer_backends(conn, schema)
+    for pid in pids:
+        conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+    return len(pids)
 
 
 @pytest.mark.slow
