@@ -17,10 +17,11 @@ They are three statements, not one, because claim_first must see what run_start 
 (jobs queued again): the data-modifying parts of one statement are invisible to its other
 parts, while the next statement of the same transaction sees them. They go in one message
 because every round trip is billed. So the later two must act on what run_start found
-before the client has read it: run_start writes its two decisions with ``set_config(...,
-true)`` (``drainer.idle``: nothing to claim; ``drainer.first_due``: the queue to claim
-from), which hold for this Query's transaction only, so nothing leaks into a session a
-pooler hands to another client.
+before the client has read it: run_start writes its decision with ``set_config(...,
+true)`` in one setting, ``drainer.start`` (``idle``: nothing to claim; ``q:`` and a queue:
+the queue to claim from; empty: the table is not at the version this drainer needs),
+which holds for this Query's transaction only, so nothing leaks into a session a pooler
+hands to another client.
 
 Not sent so: with recurring definitions (their sync comes between run_start and the
 rest), with ``--archive-mode move`` (its archive has statements of its own): then

@@ -166,20 +166,17 @@ def test_due_queues_probes_the_claim_index_once_per_queue(
 
 def test_the_first_claim_sent_with_run_start_is_an_index_scan(
         loaded: Settings, conn: psycopg.Connection[Any]) -> None:
-    """claim_first (behind run_start, which names the first due queue in drainer.first_due):
+    """claim_first (behind run_start, which names the first due queue in drainer.start):
     that queue's claim, the same Limit > LockRows > Index Scan as claim_batch, a range of
     the index per priority (claim_walk); no Sort, no Seq Scan of the jobs, whatever the
     number of served queues."""
-    from drainer.migrate import latest_version
-
     q = Queries(conn, loaded.schema_name, loaded.table)
     index = f"{loaded.table}_claim_idx"
     served = [*(f"empty{i}" for i in range(300)), *QUEUES]
     values = {"queues": served, "eligible": [True] * len(served),
-              "leases": [300.0] * len(served), "table": loaded.table,
-              "latest": latest_version(), "batch_size": 10, "start_now": 1,
+              "leases": [300.0] * len(served), "batch_size": 10, "start_now": 1,
               "run_id": "test"}
-    conn.execute("SELECT set_config('drainer.first_due', %s, false)", [QUEUES[1]])
+    conn.execute("SELECT set_config('drainer.start', %s, false)", [f"q:{QUEUES[1]}"])
     _assert_index_claim(_explain(conn, q.text("claim_first"), values), index, "claim_first",
                         walk=True)
     rows = conn.execute(q.text("claim_first"), values).fetchall()
@@ -187,12 +184,12 @@ def test_the_first_claim_sent_with_run_start_is_an_index_scan(
     # not eligible (a max_running queue, say): it claims nothing, not the next queue
     values["eligible"] = [name != QUEUES[1] for name in served]
     assert conn.execute(q.text("claim_first"), values).fetchall() == []
-    values["latest"] = latest_version() + 1  # an outdated table: nothing
     values["eligible"] = [True] * len(served)
-    assert conn.execute(q.text("claim_first"), values).fetchall() == []
-    conn.execute("SELECT set_config('drainer.first_due', '', false)")  # none due
-    values["latest"] = latest_version()
-    assert conn.execute(q.text("claim_first"), values).fetchall() == []
+    # run_start's other decisions: an outdated table (''), nothing due ('idle'), and a
+    # queue named like a decision is still only its own 'q:' value
+    for start in ("", "idle", QUEUES[1]):
+        conn.execute("SELECT set_config('drainer.start', %s, false)", [start])
+        assert conn.execute(q.text("claim_first"), values).fetchall() == [], start
 
 
 #: every statement that writes an outcome to claimed jobs, fenced on (id, fence) by

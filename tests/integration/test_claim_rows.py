@@ -10,7 +10,6 @@ import psycopg
 from psycopg import sql
 
 from drainer.db import ClaimedRow, Queries
-from drainer.migrate import latest_version
 from drainer.queue_limits import Rate
 from drainer.settings import Settings
 
@@ -62,11 +61,11 @@ def test_every_claim_kind_returns_the_whole_claimed_row(
     assert conn.execute(sql.SQL("SELECT id, result FROM {} WHERE id = ANY(%s) ORDER BY id")
                         .format(table), [[r.id for r in batch]]).fetchall() == [
         (r.id, {"result": r.id}) for r in sorted(batch, key=lambda r: r.id)]
-    # the run's first claim, behind run_start (which names the queue in drainer.first_due)
-    conn.execute("SELECT set_config('drainer.first_due', 'first', false)")
+    # the run's first claim, behind run_start (which names the queue in drainer.start)
+    conn.execute("SELECT set_config('drainer.start', 'q:first', false)")
     rows = conn.execute(q.text("claim_first"), {
-        "queues": ["first"], "eligible": [True], "leases": [300.0], "table": migrated.table,
-        "latest": latest_version(), "batch_size": 10, "start_now": 10, "run_id": "r",
+        "queues": ["first"], "eligible": [True], "leases": [300.0],
+        "batch_size": 10, "start_now": 10, "run_id": "r",
     }).fetchall()
     assert {len(r) for r in rows} == {len(ClaimedRow._fields)}
     claimed["first"] = [ClaimedRow(*r) for r in rows]

@@ -75,7 +75,8 @@ def test_empty_queue_costs_two_statements_on_one_connection(
     # 3 + one claim per queue with more)
     [query] = _sent(path)
     assert query.split("\t")[1].startswith("Query")
-    assert "-- name" not in query and query.count("drainer.idle") == 2  # the two statements
+    # run_start sets drainer.start; claim_first and finish_run, behind it, read it
+    assert "-- name" not in query and query.count("drainer.start") == 3
     assert _round_trips(path) == 1
 
 

@@ -88,12 +88,10 @@ def test_probes_and_the_summary_read_as_many_pages_whatever_is_scheduled_for_lat
 def _first_claim(conn: psycopg.Connection[Any], s: Settings, queue: str, batch: int,
                  start_now: int) -> tuple[str, dict[str, Any]]:
     """claim_first over ``queue`` (named first due, as run_start would in its transaction)."""
-    from drainer.migrate import latest_version
-
-    conn.execute("SELECT set_config('drainer.first_due', %s, false)", [queue])
+    conn.execute("SELECT set_config('drainer.start', %s, false)", [f"q:{queue}"])
     return Queries(conn, s.schema_name, s.table).text("claim_first"), {
-        "queues": [queue], "eligible": [True], "leases": [60.0], "table": s.table,
-        "latest": latest_version(), "batch_size": batch, "start_now": start_now,
+        "queues": [queue], "eligible": [True], "leases": [60.0],
+        "batch_size": batch, "start_now": start_now,
         "run_id": "test"}
 
 
