@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import generators, pq
 
+from drainer.db._flight import check_sync, next_result, read_results
 from drainer.db.encoders import ints_text, positional, results_text
 from drainer.db.queries import ClaimedRow, claim_order, how_many_start
 
@@ -120,9 +121,9 @@ class ClaimPipeline:
         """Read the prepare's results, sent ahead of the oldest statement: its error, if
         any (the statements behind it then fail too: nothing written, nothing claimed)."""
         self.prepare_unread = False
-        errors = [res for _ in range(2) for res in self._results()
+        errors = [res for _ in range(2) for res in read_results(self.conn)
                   if res.status == pq.ExecStatus.FATAL_ERROR]
-        _check_sync(self._next())
+        check_sync(next_result(self.conn))
         if errors:
             self.prepared = False
         return errors[0] if errors else None
@@ -133,11 +134,11 @@ class ClaimPipeline:
         if not self.in_flight:
             raise RuntimeError("no statement in flight")
         failed = self._prepared() if self.prepare_unread else None
-        setting = self._results() if self.generic else []
-        results = self._results()
-        sync = self._next()
+        setting = read_results(self.conn) if self.generic else []
+        results = read_results(self.conn)
+        sync = next_result(self.conn)
         self.in_flight -= 1
-        _check_sync(sync)
+        check_sync(sync)
         if not self.in_flight:
             self.pgconn.exit_pipeline_mode()
         if failed is not None:  # what the statement failed by (it names no prepared one)
@@ -181,23 +182,6 @@ class ClaimPipeline:
                 out.append(exc)
         return out
 
-    def _next(self) -> pq.abc.PGresult | None:
-        """The next result on the connection (None: the end of a statement's). psycopg's
-        ``fetch`` waits for one still on its way; one already read is taken at once, without
-        the generator, the wait and the GIL hand-offs around each libpq call that ``fetch``
-        costs (five results a statement, most of them already read)."""
-        if self.pgconn.is_busy():
-            res: pq.abc.PGresult | None = self.conn.wait(generators.fetch(self.pgconn))
-            return res
-        return self.pgconn.get_result()
-
-    def _results(self) -> list[pq.abc.PGresult]:
-        """The results of the statement at the head of the connection, up to its end."""
-        out: list[pq.abc.PGresult] = []
-        while (res := self._next()) is not None:
-            out.append(res)
-        return out
-
     def _loader(self, oid: int) -> Callable[[bytes], Any]:
         f = self._loaders.get(oid)
         if f is None:
@@ -222,8 +206,3 @@ def _value(value: bytes | None) -> bytes:
 def _check(res: pq.abc.PGresult, encoding: str) -> None:
     if res.status == pq.ExecStatus.FATAL_ERROR:
         raise psycopg.errors.error_from_result(res, encoding=encoding)
-
-
-def _check_sync(res: pq.abc.PGresult | None) -> None:
-    if res is None or res.status != pq.ExecStatus.PIPELINE_SYNC:
-        raise psycopg.OperationalError("pipeline out of step: expected a sync result")

@@ -54,7 +54,7 @@ def stopped(q: Queries, report: RunReport, queues: list[str], served: list[str])
 def maintenance_timeout(settings: Settings, watchdog: Watchdog | None) -> float | None:
     """The VACUUM's statement_timeout: --maintenance-timeout, within what the watchdog
     leaves; None (the session's own) when drainer does not own its session settings
-    (--no-session-options: a transaction-mode pooler, see vacuum.budget)."""
+    (--no-session-options: a transaction-mode pooler, see Queries._vacuum)."""
     if not settings.session_options:
         return None
     timeout = settings.maintenance_timeout or float("inf")

@@ -3,16 +3,14 @@ compute that suspends."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from drainer.db import Queries, one_line, timeout_kind
@@ -26,32 +24,6 @@ drain_logger = logging.getLogger("drainer.drain")
 #: autovacuum_analyze_scale_factor at their defaults).
 ANALYZE_BASE = 50
 ANALYZE_SCALE = 0.1
-
-
-@contextlib.contextmanager
-def budget(queries: Queries, seconds: float | None) -> Iterator[None]:
-    """Run the statements inside under ``statement_timeout = seconds`` (0: none), then
-    RESET it to the session's value; ``None``: leave the session's timeout alone.
-
-    A session SET: VACUUM cannot run in a transaction block (so no SET LOCAL) nor in a
-    multi-statement query. Through a transaction-mode pooler the SET, the VACUUM and the
-    RESET may each land on another server connection, so drainer passes None there
-    (session_options off): the VACUUM then runs under the role's statement_timeout, and a
-    cancel is still only a warning.
-    """
-    if seconds is None:
-        yield
-        return
-    conn = queries.conn
-    conn.execute(sql.SQL("SET statement_timeout = {}").format(
-        sql.Literal(max(0, int(seconds * 1000)))))
-    try:
-        yield
-    finally:
-        try:
-            conn.execute("RESET statement_timeout")
-        except psycopg.Error as exc:  # a broken connection: it is not used again
-            logger.debug("RESET statement_timeout failed: %s", one_line(exc))
 
 
 @dataclass(frozen=True)
@@ -79,8 +51,9 @@ def run_once(queries: Queries, threshold: int, health: Mapping[str, Any] | None 
     ``health`` is a table_health row already read (by finish_run), else it is read here.
     Only the table's owner may vacuum it (PostgreSQL 17 adds the MAINTAIN privilege); a
     role without that right gets a warning and the run goes on. The VACUUM runs under
-    :func:`budget` (``timeout``); cancelled by a timeout, it is a warning and the result
-    says vacuumed False: the jobs are done, the next run vacuums again.
+    ``statement_timeout = timeout`` (None: the session's; see Queries._vacuum); cancelled by
+    a timeout, it is a warning and the result says vacuumed False: the jobs are done, the
+    next run vacuums again.
     """
     if health is None:
         health = queries.table_health()
@@ -97,8 +70,7 @@ def run_once(queries: Queries, threshold: int, health: Mapping[str, Any] | None 
     analyze = wants_analyze(health)
     started = time.monotonic()
     try:
-        with budget(queries, timeout):
-            queries.vacuum_after_drain(analyze=analyze)
+        queries.vacuum_after_drain(analyze=analyze, timeout=timeout)
     except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
         reason = f"cancelled by {timeout_kind(exc)} after {time.monotonic() - started:.1f}s"
         logger.warning("VACUUM of %s.%s with %d dead tuples %s (the jobs are done; the next "
@@ -119,7 +91,7 @@ class BetweenBatches:
     def __init__(self, queries: Queries, every: int, timeout: float | None = None) -> None:
         self.q = queries
         self.every = every
-        self.timeout = timeout  # see budget()
+        self.timeout = timeout  # the VACUUM's statement_timeout (see Queries._vacuum)
         self.vacuumed_at = 0  # finished jobs at the last VACUUM during this drain
         self.allowed: bool | None = None  # unknown until the first one is due
 
@@ -143,8 +115,7 @@ class BetweenBatches:
                 return False
         started = time.monotonic()
         try:
-            with budget(self.q, self.timeout):
-                self.q.vacuum_during_drain()
+            self.q.vacuum_during_drain(self.timeout)
         except Exception as exc:  # a maintenance nicety: never fail the drain for it
             self.allowed = False
             kind = timeout_kind(exc)

@@ -523,3 +523,27 @@ def test_a_drain_whose_last_claim_comes_back_short_ends_with_its_successes(
     assert [m.split("\t")[1][:7] for m in sent[-2:]] == ["Execute", "Query"], sent[-2:]
     assert "finish_run" in sent[-1] or "archive" in sent[-1].lower(), sent[-1][:300]
     assert sum(1 for m in sent if m.split("\t")[1].startswith("Query")) == 2  # start, end
+
+
+def test_the_end_of_run_vacuum_under_its_timeout_is_one_round_trip(
+        migrated: Settings, registry: Registry, conn: psycopg.Connection[Any],
+        traced: list[tuple[Any, Path]]) -> None:
+    """The VACUUM runs under the maintenance timeout, a session SET then RESET (VACUUM runs
+    in no transaction block, nor in a Query of several statements): the three go out
+    together, a Sync after each, and are read together: one round trip, not three."""
+    registry.task("a")(lambda job: None)
+    jobs = _jobs(migrated)
+    conn.execute(sql.SQL("INSERT INTO {} (queue) SELECT 'a' FROM generate_series(1, 20)")
+                 .format(jobs))
+    conn.execute(sql.SQL("DELETE FROM {}").format(jobs))  # dead tuples
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT 1")
+    report = run_once(migrated.model_copy(update={"vacuum_threshold": 1}), registry=registry)
+    assert report.vacuumed is True
+    lines = traced[0][1].read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if "SET statement_timeout" in line)
+    reset = next(i for i, line in enumerate(lines) if "RESET statement_timeout" in line)
+    flight = lines[first:lines.index("F\t4\tSync", reset) + 1]
+    assert [line.split("\t")[2] for line in flight].count("Sync") == 3
+    assert any("VACUUM" in line for line in flight)
+    assert not any(line.startswith("B") for line in flight)  # nothing read in between

@@ -219,7 +219,7 @@ class FakeJobs:
         self._send("table_health")
         return {"can_vacuum": True}
 
-    def vacuum_during_drain(self) -> None:
+    def vacuum_during_drain(self, timeout: float | None = None) -> None:
         self._send("vacuum_during_drain")
 
     # -- Pipeline -----------------------------------------------------------------------------
