@@ -96,8 +96,16 @@ class GuardedServer(ThreadingHTTPServer):
             return self._conns[request]
 
     def awaiting_headers(self, conn: _Conn, waiting: bool) -> None:
+        """The connection waits for a request's headers from now (a kept-alive one, once
+        its last request was answered), or no longer. A new connection waits from its
+        accept (the accepting thread's order), not from its thread's start: threads start
+        in any order, and the one accepted first, idle, kept its place when a later
+        one's thread started first (the later one was evicted instead)."""
         with self._conns_lock:
-            conn.awaiting_since = time.monotonic() if waiting else None
+            if not waiting:
+                conn.awaiting_since = None
+            elif conn.awaiting_since is None:
+                conn.awaiting_since = time.monotonic()
 
     def _evict_oldest_awaiting(self) -> bool:
         """Shut down the connection waiting longest for its request headers; False when

@@ -355,6 +355,38 @@ def test_at_the_connection_cap_the_oldest_idle_connection_makes_room(
                 sock.close()
 
 
+def test_at_the_cap_the_connection_accepted_first_makes_room_whatever_thread_started_first(
+        migrated: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two idle connections: the first accepted one's thread starts after the second's (held
+    back here, as a loaded machine may). The oldest is the one accepted first: it is told
+    503 and closed, and the second one still waits for its request."""
+    from drainer._http import GuardedHandler
+
+    first = threading.Event()
+    setup = GuardedHandler.setup
+
+    def late_first(handler: GuardedHandler) -> None:
+        if not first.is_set():
+            first.set()
+            time.sleep(0.5)
+        setup(handler)
+
+    monkeypatch.setattr(GuardedHandler, "setup", late_first)
+    for s in _serve(migrated, TOKEN, max_connections=2):
+        idle = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(2)]
+        time.sleep(1.0)  # both threads started, the first one last
+        try:
+            status, _, _ = s.request("GET", "/healthz")
+            assert status == 200
+            assert b"503" in idle[0].recv(1024)
+            idle[1].settimeout(0.3)
+            with pytest.raises(TimeoutError):  # still open, nothing sent to it
+                idle[1].recv(1024)
+        finally:
+            for sock in idle:
+                sock.close()
+
+
 # -- the extra pages (the fleet view's place) -----------------------------------------------------
 
 
