@@ -99,8 +99,8 @@ class GuardedServer(ThreadingHTTPServer):
         """The connection waits for a request's headers from now (a kept-alive one, once
         its last request was answered), or no longer. A new connection waits from its
         accept (the accepting thread's order), not from its thread's start: threads start
-        in any order, and the one accepted first, idle, kept its place when a later
-        one's thread started first (the later one was evicted instead)."""
+        in any order, and the connection that makes room at the cap is the one accepted
+        first."""
         with self._conns_lock:
             if not waiting:
                 conn.awaiting_since = None

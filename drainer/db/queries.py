@@ -350,11 +350,12 @@ class Queries:
         the session's own again (RESET); None: under the session's. A session SET: VACUUM
         runs in no transaction block (so no SET LOCAL) nor in a multi-statement Query, so
         the SET, the VACUUM and the RESET are three statements, sent in one flight (a Sync
-        after each): the timeout costs no round trip of its own (at 10 ms it cost two of a
-        20,000-job drain's few dozen). Through a transaction-mode pooler the three may land
-        on different server connections: drainer passes None there (session_options off).
-        The VACUUM's error is raised once the RESET ran; the RESET's is only logged (a
-        broken connection: it is not used again)."""
+        after each): the timeout costs no round trip of its own (10 ms away, two of every
+        run that vacuums). Through a transaction-mode pooler the three may land on
+        different server connections: drainer passes None there (session_options off).
+        Raised once the RESET ran: the VACUUM's error, else the SET's (the VACUUM did not
+        run under the budget asked for); the RESET's is only logged (a broken connection:
+        it is not used again)."""
         if timeout is None:
             self._exec(name)
             return

@@ -658,11 +658,12 @@ queued_queues AS (
 -- of %(queues)s (ours) and of queued_queues outside %(served)s, with each priority of its
 -- queued jobs, highest first (p; a NULL ends a queue's walk), walked on the claim index:
 -- one probe a priority. When $walked (queued_queues was walked) and found no queued job,
--- ours are not probed one by one: an empty wake with 300 served queues cost a fresh
--- backend 2.4M instructions more for those probes (bench.ab_callgrind wake). due_groups, a row a priority: its due jobs (due: a range of the
--- index, due_in; none counted for a queue of ours whose rate window is full, rate_next_at
--- ahead), and for ours when the next is due (next_at: its first job scheduled for later,
--- one probe; with the window full, its first job, due at the next slot and not before).
+-- ours are not probed one by one (an empty wake with 300 served queues: 2.4M instructions
+-- of a fresh backend for those probes, bench.ab_callgrind wake). due_groups, a row a
+-- priority: its due jobs (due: a range of the index, due_in; none counted for a queue of
+-- ours whose rate window is full, rate_next_at ahead), and for ours when the next is due
+-- (next_at: its first job scheduled for later, one probe; with the window full, its first
+-- job, due at the next slot and not before).
 queued_groups(queue, ours, p) AS (
   SELECT s.queue, s.ours, (SELECT j.priority FROM {jobs} j
                            WHERE j.queue = s.queue AND j.status = 'queued'
